@@ -1,0 +1,43 @@
+"""zhnlp: Chinese NLP model zoo and training toolkit on megatron-core.
+
+    import zhnlp
+    model = zhnlp.AutoModelForMaskedLM.from_pretrained("ernie-3.0-base-zh")
+    out = model(input_ids, attention_mask=mask)
+    out.logits
+
+Under ``torchrun``, call ``zhnlp.distributed.init(tp=..., pp=...)`` first; every rank then
+receives complete outputs.
+"""
+
+from zhnlp.distributed import cpu as _cpu
+
+# Before megatron-core is imported anywhere: make its torch.compile'd helpers eager on CPU.
+_cpu.install()
+
+from zhnlp import distributed  # noqa: E402
+from zhnlp.auto import (  # noqa: E402
+    AutoModel,
+    AutoModelForMaskedLM,
+    AutoModelForQuestionAnswering,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+)
+from zhnlp.cards import ModelCard, list_models  # noqa: E402
+from zhnlp.errors import CheckpointError, LayoutError, ModelNotFoundError, ZhnlpError  # noqa: E402
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "AutoModel",
+    "AutoModelForMaskedLM",
+    "AutoModelForQuestionAnswering",
+    "AutoModelForSequenceClassification",
+    "AutoModelForTokenClassification",
+    "CheckpointError",
+    "LayoutError",
+    "ModelCard",
+    "ModelNotFoundError",
+    "ZhnlpError",
+    "distributed",
+    "list_models",
+]

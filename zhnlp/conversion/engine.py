@@ -1,0 +1,246 @@
+"""The one engine that runs a family's mapping table, per rank, in both directions.
+
+Loading: every rank reads only the slices its parameters hold (safetensors slices are read
+from disk without loading the rest). Before any weight is read, the checkpoint's keys are
+accounted for against the *whole* model (all layers, all stages): each key must be consumed
+by a mapping or covered by an Ignore, and each expected key must be present unless it
+belongs to a task head that is being freshly initialised. Every rank reaches the same verdict,
+so a bad checkpoint fails everywhere at once instead of hanging a collective.
+
+Saving: tensor-parallel shards are all-gathered within each TP group, the table is run
+backwards, and the first TP/DP rank of each pipeline stage writes that stage's tensors.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from zhnlp.conversion.mappings import Ignore, Mapping, Tied
+from zhnlp.errors import CheckpointError
+
+
+# ----------------------------------------------------------------------------- checkpoint files
+class CheckpointReader:
+    """Tensors of a transformers checkpoint directory, read lazily and by row ranges.
+
+    Accepts ``model.safetensors``, a sharded ``model.safetensors.index.json``, or a
+    ``pytorch_model.bin`` (read with ``torch.load(weights_only=True)``: no code is unpickled).
+    ``rename`` normalises legacy key spellings (e.g. LayerNorm ``gamma``/``beta``).
+    """
+
+    def __init__(self, directory: str | Path, rename=None):
+        self.dir = Path(directory)
+        self._rename = rename or (lambda k: k)
+        self._files: dict[str, tuple[Path, str]] = {}  # normalised key -> (file, stored key)
+        self._handles = {}
+        self._torch_state = None
+        single, index = self.dir / "model.safetensors", self.dir / "model.safetensors.index.json"
+        binary = self.dir / "pytorch_model.bin"
+        if single.exists():
+            self._index_safetensors([single])
+        elif index.exists():
+            try:
+                weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+            except (json.JSONDecodeError, KeyError) as e:
+                raise CheckpointError(f"{index} is not a valid safetensors index ({e}); re-save the checkpoint.") from None
+            missing = sorted({f for f in weight_map.values() if not (self.dir / f).exists()})
+            if missing:
+                raise CheckpointError(f"{index} lists shard files that are missing: {missing}; "
+                                      "the download is incomplete, fetch it again.")
+            self._index_safetensors(sorted({self.dir / f for f in weight_map.values()}))
+        elif binary.exists():
+            try:
+                self._torch_state = torch.load(binary, map_location="cpu", weights_only=True, mmap=True)
+            except Exception as e:  # torch raises several types for corrupt or non-weight pickles
+                raise CheckpointError(f"cannot read {binary} as plain tensors ({type(e).__name__}: {e}). "
+                                      "zhnlp only loads weights-only checkpoints; convert it to safetensors "
+                                      "with transformers (save_pretrained) in a trusted environment.") from None
+            for k in self._torch_state:
+                self._files[self._rename(k)] = (binary, k)
+        else:
+            raise CheckpointError(f"{self.dir} has no model weights (model.safetensors, "
+                                  "model.safetensors.index.json or pytorch_model.bin).")
+
+    def _index_safetensors(self, files):
+        from safetensors import SafetensorError, safe_open
+
+        for f in files:
+            try:
+                handle = safe_open(str(f), framework="pt")
+            except (SafetensorError, OSError) as e:
+                raise CheckpointError(f"{f} is not a readable safetensors file ({e}); it may be truncated or "
+                                      "corrupt: download or save it again.") from None
+            self._handles[f] = handle
+            for k in handle.keys():
+                self._files[self._rename(k)] = (f, k)
+
+    def keys(self) -> set[str]:
+        return set(self._files)
+
+    def _slice(self, key):
+        f, stored = self._files[key]
+        if self._torch_state is not None:
+            return self._torch_state[stored]
+        return self._handles[f].get_slice(stored)
+
+    def shape(self, key) -> tuple[int, ...]:
+        s = self._slice(key)
+        return tuple(s.shape) if isinstance(s, torch.Tensor) else tuple(s.get_shape())
+
+    def dtype(self, key) -> torch.dtype:
+        s = self._slice(key)
+        if isinstance(s, torch.Tensor):
+            return s.dtype
+        return self[key, (0, 1)].dtype if s.get_shape() else self[key, None].dtype
+
+    def __getitem__(self, item):
+        key, rows = item[:2]
+        cols = item[2] if len(item) > 2 else None
+        s = self._slice(key)
+        r = slice(*rows) if rows is not None else slice(None)
+        t = s[r, cols[0]: cols[1]] if cols is not None else s[r]
+        return t.clone() if isinstance(s, torch.Tensor) else t
+
+    def __call__(self, key, rows=None):
+        return self[key, rows]
+
+    def columns(self, start: int, end: int) -> "_ColumnView":
+        """A view of this reader that returns only columns ``[start, end)`` (row-parallel shards)."""
+        return _ColumnView(self, (start, end))
+
+
+class _ColumnView:
+    def __init__(self, reader: CheckpointReader, cols: tuple[int, int]):
+        self.reader, self.cols = reader, cols
+        self.shape, self.dtype = reader.shape, reader.dtype
+
+    def __call__(self, key, rows=None):
+        return self.reader[key, rows, self.cols]
+
+
+# ----------------------------------------------------------------------------- the table
+@dataclass
+class Table:
+    """A family's mappings plus the keys it ignores."""
+
+    mappings: list[Mapping]
+    ignores: list[Ignore] = field(default_factory=list)
+
+    def find(self, name: str) -> tuple[Mapping, int | None]:
+        for m in self.mappings:
+            ok, layer = m.match(name)
+            if ok:
+                return m, layer
+        raise KeyError(f"no mapping for megatron parameter {name!r}")
+
+
+def global_param_names(chunk) -> dict[str, str]:
+    """Local parameter name -> name with the *global* layer index (pipeline stages own a slice
+    of the layers and number them from 0 locally)."""
+    out = {}
+    for name, _ in chunk.named_parameters():
+        parts = name.split(".")
+        if len(parts) > 2 and parts[0] == "encoder" and parts[1] == "layers":
+            parts[2] = str(chunk.encoder.layers[int(parts[2])].layer_number - 1)
+        out[name] = ".".join(parts)
+    return out
+
+
+def _split(param) -> int | None:
+    return param.partition_dim if getattr(param, "tensor_model_parallel", False) else None
+
+
+@dataclass
+class LoadReport:
+    fresh: list[str]  # heads' checkpoint keys that were missing: freshly initialised
+    ignored: list[str]
+
+
+def check_keys(table: Table, expected: dict[str, str | None], present: set[str], fresh_heads: set[str],
+               source: str) -> LoadReport:
+    """Account for every key. ``expected``: key -> owning head (None = encoder)."""
+    unknown = sorted(k for k in present - set(expected) if not any(i.covers(k) for i in table.ignores))
+    missing = sorted(k for k in set(expected) - present if expected[k] not in fresh_heads)
+    problems = []
+    if missing:
+        problems.append(f"missing weights {_short(missing)}")
+    if unknown:
+        problems.append(f"unexpected weights that no mapping consumes {_short(unknown)}")
+    if problems:
+        raise CheckpointError(f"checkpoint {source} does not match this model: " + "; ".join(problems)
+                              + ". Check that the checkpoint and the model class belong together "
+                                "(family, head, number of layers).")
+    fresh = sorted(k for k in set(expected) - present)
+    ignored = sorted(k for k in present - set(expected))
+    return LoadReport(fresh=fresh, ignored=ignored)
+
+
+def _short(keys: list[str], limit: int = 12) -> str:
+    more = f" ... and {len(keys) - limit} more" if len(keys) > limit else ""
+    return "[" + ", ".join(keys[:limit]) + "]" + more
+
+
+def load_chunk(chunk, table: Table, reader: CheckpointReader, tp_rank: int, tp_size: int, fresh_keys: set[str]) -> list[str]:
+    """Copy this rank's slices into ``chunk``; returns the local parameters left freshly initialised."""
+    names = global_param_names(chunk)
+    params = dict(chunk.named_parameters())
+    left_fresh = []
+    for local, gname in names.items():
+        p = params[local]
+        mapping, layer = table.find(gname)
+        keys = mapping.hf_keys(layer)
+        if any(k in fresh_keys for k in keys):
+            left_fresh.append(gname)
+            continue
+        dim = _split(p)
+        rows = full_rows = None
+        if dim is None:
+            full_rows = p.shape[0] if p.dim() else None
+        elif dim == 0:
+            full_rows = p.shape[0] * tp_size
+            rows = (tp_rank * p.shape[0], (tp_rank + 1) * p.shape[0])
+        if dim == 1:  # row-parallel linear: this rank's columns of the input dimension
+            cols = reader.columns(tp_rank * p.shape[1], (tp_rank + 1) * p.shape[1])
+            tensor = mapping.to_megatron(cols, layer, None, p.shape[0])
+        else:
+            tensor = mapping.to_megatron(reader, layer, rows, full_rows)
+        if tuple(tensor.shape) != tuple(p.shape):
+            raise CheckpointError(f"shape mismatch for {gname} (from {keys}): checkpoint gives "
+                                  f"{tuple(tensor.shape)}, model expects {tuple(p.shape)}. The config.json "
+                                  "does not describe these weights.")
+        with torch.no_grad():
+            p.copy_(tensor.to(p.dtype))
+    return left_fresh
+
+
+def gather_chunk(chunk, table: Table, tp_group, tp_size: int) -> dict[str, torch.Tensor]:
+    """Full transformers tensors of this chunk's parameters (collective over the TP group)."""
+    names = global_param_names(chunk)
+    out = {}
+    for local, p in chunk.named_parameters():
+        full = p.detach()
+        dim = _split(p)
+        if dim is not None and tp_size > 1:
+            pieces = [torch.empty_like(full) for _ in range(tp_size)]
+            dist.all_gather(pieces, full.contiguous(), group=tp_group)
+            full = torch.cat(pieces, dim=dim)
+        mapping, layer = table.find(names[local])
+        if isinstance(mapping, Tied):
+            continue
+        out.update({k: v.contiguous().clone() for k, v in mapping.to_hf(full, layer).items()})
+    return out
+
+
+def write_safetensors(tensors: dict[str, torch.Tensor], path: Path, metadata: dict | None = None) -> None:
+    """Write atomically: a crash leaves the previous file (if any) untouched."""
+    from safetensors.torch import save_file
+
+    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
+    save_file(tensors, str(tmp), metadata=metadata or {"format": "pt"})
+    os.replace(tmp, path)

@@ -1,0 +1,137 @@
+"""Mapping classes: how one megatron parameter relates to transformers checkpoint keys.
+
+A family's bridge is a list of these. Names may contain ``*`` for the (global, 0-based)
+layer index. The mappings know nothing about tensor or pipeline parallelism: they turn
+*full* tensors into *full* tensors. The engine (:mod:`zhnlp.conversion.engine`) slices and
+gathers, inferring the split dimension from the attributes megatron's parallel layers put
+on their parameters (``tensor_model_parallel``, ``partition_dim``).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import re
+from dataclasses import dataclass
+
+import torch
+
+
+def _fill(pattern: str, layer: int | None) -> str:
+    return pattern if layer is None else pattern.replace("*", str(layer))
+
+
+def _compile(pattern: str) -> re.Pattern:
+    return re.compile("^" + re.escape(pattern).replace(r"\*", r"(\d+)") + "$")
+
+
+@dataclass
+class Mapping:
+    """Base: ``megatron`` parameter name pattern; ``head`` names the task head owning it (None: encoder)."""
+
+    megatron: str
+
+    def __post_init__(self):
+        self._re = _compile(self.megatron)
+        self.head = getattr(self, "head", None)
+
+    def match(self, name: str) -> tuple[bool, int | None]:
+        m = self._re.match(name)
+        if not m:
+            return False, None
+        return True, (int(m.group(1)) if m.groups() else None)
+
+    def hf_keys(self, layer: int | None) -> list[str]:
+        """Checkpoint keys this mapping reads (and, unless tied, writes)."""
+        raise NotImplementedError
+
+    def to_megatron(self, read, layer: int | None, rows: tuple[int, int] | None, full_rows: int | None):
+        """Build this rank's tensor. ``read(key, rows=None)`` returns a checkpoint tensor, or only
+        rows ``[start, end)`` of it (read from disk without loading the rest)."""
+        raise NotImplementedError
+
+    def to_hf(self, full: torch.Tensor, layer: int | None) -> dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+
+@dataclass
+class Rename(Mapping):
+    """One checkpoint tensor <-> one parameter. ``vocab=True``: rows are the vocabulary, which
+    megatron pads to a multiple of 128 (zero rows in, sliced off out)."""
+
+    hf: str = ""
+    vocab: bool = False
+    head: str | None = None
+    vocab_size: int | None = None  # set by the engine for vocab mappings
+
+    def hf_keys(self, layer):
+        return [_fill(self.hf, layer)]
+
+    def to_megatron(self, read, layer, rows, full_rows):
+        key = _fill(self.hf, layer)
+        if not self.vocab:
+            return read(key, rows)
+        start, end = rows if rows is not None else (0, full_rows)
+        have = min(end, self.vocab_size) - start
+        real = read(key, (start, start + have)) if have > 0 else None
+        if have == end - start:
+            return real
+        pad_shape = (end - start - max(have, 0),) + tuple(read.shape(key)[1:])
+        pad = torch.zeros(pad_shape, dtype=read.dtype(key))
+        return pad if real is None else torch.cat([real, pad])
+
+    def to_hf(self, full, layer):
+        if self.vocab:
+            full = full[: self.vocab_size]
+        return {_fill(self.hf, layer): full}
+
+
+@dataclass
+class Tied(Rename):
+    """A second copy of a tensor another mapping owns (the tied MLM decoder on a last pipeline
+    stage that is not also the first). Read like Rename; never written, never counted as a key."""
+
+    def to_hf(self, full, layer):
+        return {}
+
+
+@dataclass
+class FuseQKV(Mapping):
+    """Separate Q, K, V <-> megatron's fused QKV, interleaved per head:
+    ``[q_0; k_0; v_0; q_1; k_1; v_1; ...]`` along dim 0, each block ``head_dim`` rows, so a
+    tensor-parallel split of dim 0 gives each rank whole heads."""
+
+    q: str = ""
+    k: str = ""
+    v: str = ""
+    head_dim: int | None = None  # set by the engine
+    head: str | None = None
+
+    def hf_keys(self, layer):
+        return [_fill(p, layer) for p in (self.q, self.k, self.v)]
+
+    def to_megatron(self, read, layer, rows, full_rows):
+        hd = self.head_dim
+        # rows of the fused tensor -> the heads they hold -> the same heads' rows in Q, K, V
+        start, end = rows if rows is not None else (0, full_rows)
+        h0, h1 = start // (3 * hd), end // (3 * hd)
+        parts = [read(k, (h0 * hd, h1 * hd)) for k in self.hf_keys(layer)]  # each (nh_l*hd, ...)
+        rest = parts[0].shape[1:]
+        stacked = torch.stack([p.reshape(h1 - h0, hd, *rest) for p in parts], dim=1)  # (nh_l, 3, hd, ...)
+        return stacked.reshape((h1 - h0) * 3 * hd, *rest)
+
+    def to_hf(self, full, layer):
+        hd = self.head_dim
+        rest = full.shape[1:]
+        per_head = full.reshape(-1, 3, hd, *rest)  # (nh, 3, hd, ...)
+        return {k: per_head[:, i].reshape(-1, *rest).contiguous() for i, k in enumerate(self.hf_keys(layer))}
+
+
+@dataclass
+class Ignore:
+    """Checkpoint keys that are known and deliberately not loaded, with the reason."""
+
+    pattern: str
+    reason: str
+
+    def covers(self, key: str) -> bool:
+        return fnmatch.fnmatchcase(key, self.pattern)

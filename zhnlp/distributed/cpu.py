@@ -1,0 +1,152 @@
+"""CPU/gloo compatibility layer for megatron-core.
+
+megatron-core 0.16 is written for CUDA: it allocates with ``device="cuda"`` or
+``device=torch.cuda.current_device()``, seeds and forks the CUDA RNG, compares
+``Tensor.type()`` with ``'torch.cuda.FloatTensor'`` and calls ``Tensor.cuda()``.
+On a machine without CUDA this module makes those calls land on the CPU so that
+the *real* megatron-core code (schedules, tensor-parallel layers, optimizers)
+runs unchanged with the gloo backend.
+
+It is only ever installed when ``torch.cuda.is_available()`` is False.  Its side
+effects are process-global and are listed here on purpose:
+
+* ``torch.cuda.current_device()`` returns ``torch.device("cpu")``;
+  ``torch.cuda.set_device``, ``synchronize`` and the NVTX range calls become no-ops.
+* The "CUDA" random generator *is* the CPU default generator: ``torch.cuda.manual_seed``,
+  ``get_rng_state``/``set_rng_state`` and megatron's ``_get/_set_cuda_rng_state`` act on it.
+  megatron's RNG tracker therefore forks the CPU generator exactly as it forks the CUDA one
+  on a GPU, so dropout under tensor parallelism and recompute replay behave as on a GPU.
+  (The tracker's "CPU RNG state changed within GPU RNG context" warning is expected and
+  filtered for that reason.)
+* megatron's ``jit_fuser`` (``torch.compile``) is made eager while megatron is imported:
+  compiling its small fused kernels costs seconds per process on CPU and gains nothing.
+* While :func:`activate` is in force, a ``TorchFunctionMode`` maps every CUDA device
+  argument (``"cuda"``, ``"cuda:0"``, ``torch.device("cuda")``, a bare GPU index) to the
+  CPU and makes ``Tensor.type()`` report ``torch.cuda.*`` names for CPU tensors. The
+  autograd engine runs custom ``Function.backward`` methods with the mode stack cleared,
+  so backward calls (megatron's communication ops, activation recompute) re-enter it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+_INSTALLED = False
+_ACTIVE_MODE: "_CudaToCpuMode | None" = None
+
+
+def _to_cpu_device(device):
+    """Map a CUDA device spec to the CPU; leave everything else as it is."""
+    if isinstance(device, torch.device):
+        return torch.device("cpu") if device.type == "cuda" else device
+    if isinstance(device, str):
+        return "cpu" if device.startswith("cuda") else device
+    if isinstance(device, int) and not isinstance(device, bool):
+        return "cpu"  # a bare index means a GPU in torch's factories
+    return device
+
+
+class _CudaToCpuMode(TorchFunctionMode):
+    """Redirects CUDA device arguments to the CPU (see module docstring)."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if "device" in kwargs:
+            kwargs["device"] = _to_cpu_device(kwargs["device"])
+        if func is torch.Tensor.to and len(args) > 1 and not isinstance(args[1], (torch.dtype, torch.Tensor)):
+            args = (args[0], _to_cpu_device(args[1]), *args[2:])
+        elif func is torch.Tensor.type and len(args) == 1 and not kwargs:
+            name = func(*args)
+            return name.replace("torch.", "torch.cuda.", 1) if not name.startswith("torch.cuda.") else name
+        return func(*args, **kwargs)
+
+
+def _tensor_cuda(self, device=None, non_blocking=False, memory_format=torch.preserve_format):
+    """``Tensor.cuda()`` on a machine without CUDA: the tensor stays where it is."""
+    return self
+
+
+@contextlib.contextmanager
+def _eager_torch_compile():
+    """Make ``torch.compile`` the identity while megatron binds ``jit_fuser`` to it."""
+
+    def no_compile(model=None, **_kwargs):
+        return model if model is not None else (lambda fn: fn)
+
+    real = torch.compile
+    torch.compile = no_compile
+    try:
+        yield
+    finally:
+        torch.compile = real
+
+
+class _DropTrackerWarning(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "CPU RNG state changed within GPU RNG context" not in record.getMessage()
+
+
+def install() -> None:
+    """Patch torch.cuda and megatron-core for CPU execution. Idempotent; no-op with CUDA."""
+    global _INSTALLED
+    if _INSTALLED or torch.cuda.is_available():
+        return
+    _INSTALLED = True
+
+    cpu = torch.device("cpu")
+    torch.cuda.current_device = lambda: cpu
+    torch.cuda.set_device = lambda *_a, **_k: None
+    torch.cuda.synchronize = lambda *_a, **_k: None
+    # torch.manual_seed itself calls torch.cuda.manual_seed_all, so seed the generator directly.
+    torch.cuda.manual_seed = lambda seed: torch.default_generator.manual_seed(int(seed))
+    torch.cuda.get_rng_state = lambda device="cuda": torch.get_rng_state()
+    torch.cuda.set_rng_state = lambda state, device="cuda": torch.set_rng_state(state)
+    torch.cuda.random.get_rng_state = torch.cuda.get_rng_state
+    torch.cuda.random.set_rng_state = torch.cuda.set_rng_state
+    torch.cuda.nvtx.range_push = lambda *_a, **_k: None
+    torch.cuda.nvtx.range_pop = lambda *_a, **_k: None
+    torch.Tensor.cuda = _tensor_cuda
+
+    # Custom autograd Functions run their backward with the mode stack cleared; megatron's
+    # communication ops and checkpoint replay allocate with CUDA devices there.
+    backward_apply = torch.autograd.function.BackwardCFunction.apply
+
+    def apply_in_mode(self, *args):
+        if _ACTIVE_MODE is None:
+            return backward_apply(self, *args)
+        with _CudaToCpuMode():
+            return backward_apply(self, *args)
+
+    torch.autograd.function.BackwardCFunction.apply = apply_in_mode
+
+    with _eager_torch_compile():
+        import megatron.core.jit  # noqa: F401  (binds jit_fuser to the eager stub)
+        import megatron.core.tensor_parallel.random as mrandom
+
+    def get_state(device="cuda", clone=False, graph_safe=False):
+        return torch.get_rng_state()
+
+    def set_state(new_state, device=-1, graph_safe=False):
+        torch.set_rng_state(new_state)
+
+    mrandom._get_cuda_rng_state = get_state
+    mrandom._set_cuda_rng_state = set_state
+    logging.getLogger(mrandom.__name__).addFilter(_DropTrackerWarning())
+
+
+def activate() -> None:
+    """Enter the CUDA->CPU device mode for the rest of the process (after :func:`install`)."""
+    global _ACTIVE_MODE
+    if not _INSTALLED or _ACTIVE_MODE is not None:
+        return
+    _ACTIVE_MODE = _CudaToCpuMode()
+    _ACTIVE_MODE.__enter__()
+
+
+def is_active() -> bool:
+    """True when the compatibility layer is installed and its device mode is in force."""
+    return _ACTIVE_MODE is not None

@@ -1,0 +1,195 @@
+"""Process groups for zhnlp: one call sets up torch.distributed and megatron-core.
+
+``init(tp, pp, vpp, ep)`` works in three situations:
+
+* under ``torchrun`` (one node or many): the world comes from the ``RANK``/``WORLD_SIZE``
+  environment that torchrun sets;
+* in a plain Python process: a world of one is created in-process (no ports, no files);
+* again in the same process with another layout: megatron's groups are rebuilt.
+
+Data parallelism is whatever remains of the world: ``dp = world / (tp * pp)``.
+Without CUDA the backend is gloo and the CPU compatibility layer (:mod:`zhnlp.distributed.cpu`)
+is switched on; with CUDA the backend is NCCL and nothing is patched.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+from zhnlp.distributed import cpu
+from zhnlp.errors import LayoutError
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The parallel layout of this process and its coordinates in it."""
+
+    tp: int
+    pp: int
+    vpp: int | None
+    ep: int
+    dp: int
+    world_size: int
+    rank: int
+    tp_rank: int
+    pp_rank: int
+    dp_rank: int
+    backend: str
+
+    @property
+    def is_first_stage(self) -> bool:
+        return self.pp_rank == 0
+
+    @property
+    def is_last_stage(self) -> bool:
+        return self.pp_rank == self.pp - 1
+
+
+_LAYOUT: Layout | None = None
+
+
+def _positive(name: str, value) -> int:
+    if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+        raise LayoutError(f"{name}={value!r} is not a positive integer; pass e.g. {name}=1.")
+    return value
+
+
+def _init_world(backend: str, timeout: datetime.timedelta) -> None:
+    if dist.is_initialized():
+        return
+    if "RANK" in os.environ and "WORLD_SIZE" in os.environ:
+        # torchrun / Slurm-via-torchrun: MASTER_ADDR/MASTER_PORT come from the launcher.
+        if backend == "nccl":
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        dist.init_process_group(backend=backend, timeout=timeout)
+    else:
+        # A plain Python process: a world of one needs no rendezvous.
+        dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+
+
+def init(
+    tp: int = 1,
+    pp: int = 1,
+    vpp: int | None = None,
+    ep: int = 1,
+    *,
+    seed: int = 1234,
+    timeout_minutes: float = 10.0,
+) -> Layout:
+    """Initialise torch.distributed and megatron-core's model-parallel groups.
+
+    Args:
+        tp: tensor-parallel degree (attention heads, FFN width and vocabulary are split by it).
+        pp: pipeline-parallel degree (the layers are split into ``pp`` stages).
+        vpp: virtual pipeline chunks per stage (interleaved schedule), or None.
+        ep: expert-parallel degree (for MoE models).
+        seed: seeds torch and megatron's model-parallel RNG tracker on every rank.
+        timeout_minutes: collective timeout, so a dead peer ends the job instead of hanging it.
+
+    Returns:
+        The :class:`Layout` of this process. ``dp`` is ``world_size // (tp * pp)``.
+
+    Raises:
+        LayoutError: the layout does not fit the world size.
+    """
+    global _LAYOUT
+    for name, value in (("tp", tp), ("pp", pp), ("ep", ep)):
+        _positive(name, value)
+    if vpp is not None:
+        _positive("vpp", vpp)
+        if pp < 2:
+            raise LayoutError(f"vpp={vpp} needs pipeline parallelism (pp >= 2), got pp={pp}; drop vpp or raise pp.")
+    if vpp == 1:
+        vpp = None
+
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "gloo":
+        cpu.install()
+        cpu.activate()
+    _init_world(backend, datetime.timedelta(minutes=timeout_minutes))
+    world = dist.get_world_size()
+    if world % (tp * pp) != 0:
+        raise LayoutError(
+            f"world size {world} is not divisible by tp*pp = {tp}*{pp} = {tp * pp}; "
+            f"launch a multiple of {tp * pp} processes or change tp/pp."
+        )
+    dp = world // (tp * pp)
+    if (dp * tp) % ep != 0:
+        raise LayoutError(f"ep={ep} must divide dp*tp = {dp * tp}; change ep or the number of processes.")
+
+    from megatron.core import parallel_state as ps
+    from megatron.core import tensor_parallel
+
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    ps.initialize_model_parallel(
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        virtual_pipeline_model_parallel_size=vpp,
+        expert_model_parallel_size=ep,
+        distributed_timeout_minutes=max(1, int(timeout_minutes)),
+    )
+    set_seed(seed)
+    _LAYOUT = Layout(
+        tp=tp,
+        pp=pp,
+        vpp=vpp,
+        ep=ep,
+        dp=dp,
+        world_size=world,
+        rank=dist.get_rank(),
+        tp_rank=ps.get_tensor_model_parallel_rank(),
+        pp_rank=ps.get_pipeline_model_parallel_rank(),
+        dp_rank=ps.get_data_parallel_rank(),
+        backend=backend,
+    )
+    return _LAYOUT
+
+
+def set_seed(seed: int) -> None:
+    """Seed torch and megatron's RNG tracker identically on every rank of a layout."""
+    from megatron.core import tensor_parallel
+
+    torch.manual_seed(seed)
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
+def is_initialized() -> bool:
+    """True once :func:`init` has run in this process."""
+    return _LAYOUT is not None
+
+
+def layout() -> Layout:
+    """The current layout; a world of one is initialised on first use."""
+    if _LAYOUT is None:
+        return init()
+    return _LAYOUT
+
+
+def device() -> torch.device:
+    """The device this rank computes on."""
+    if torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
+def barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def shutdown() -> None:
+    """Tear down megatron's groups and the process group (end of a script or a test)."""
+    global _LAYOUT
+    from megatron.core import parallel_state as ps
+
+    if ps.model_parallel_is_initialized():
+        ps.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    _LAYOUT = None

@@ -1,0 +1,17 @@
+"""Exceptions zhnlp raises for problems a user can fix. Each message names the problem and the fix."""
+
+
+class ZhnlpError(Exception):
+    """Base class of zhnlp's user-facing errors."""
+
+
+class LayoutError(ZhnlpError, ValueError):
+    """A parallel layout that does not fit the world size or the model's shapes."""
+
+
+class ModelNotFoundError(ZhnlpError, FileNotFoundError):
+    """A model name, repo id or directory that cannot be resolved to a checkpoint."""
+
+
+class CheckpointError(ZhnlpError, ValueError):
+    """A checkpoint whose keys or shapes do not match the model being loaded."""

@@ -1,0 +1,70 @@
+"""Resolve what a user passes to ``from_pretrained`` to a local checkpoint directory.
+
+Order: an existing local directory; a model-card name (-> its hub repo and revision); a hub
+repo id. Names and repo ids go through huggingface_hub's cache first, so they work offline
+once cached; a download is attempted only when the hub is not switched off
+(``HF_HUB_OFFLINE=1``).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from zhnlp import cards
+from zhnlp.errors import ModelNotFoundError
+
+# What from_pretrained needs of a repo: weights, config and tokenizer files. No code.
+ALLOW_PATTERNS = ["config.json", "*.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                  "vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
+                  "*.model", "generation_config.json"]
+_REPO_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
+
+
+def _looks_like_path(s: str) -> bool:
+    return s.startswith((".", "/", "~")) or s.count("/") > 1 or s.endswith("/")
+
+
+def resolve(name_or_path: str | os.PathLike, revision: str | None = None) -> Path:
+    """A local directory holding ``config.json`` and weights for ``name_or_path``."""
+    raw = os.fspath(name_or_path)
+    path = Path(raw).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelNotFoundError(f"{path} is a directory but has no config.json; point at a directory written "
+                                     "by save_pretrained (zhnlp or transformers).")
+        return path
+    if path.exists():
+        raise ModelNotFoundError(f"{path} is a file; pass the directory that holds config.json and the weights.")
+    if _looks_like_path(raw) or not _REPO_ID.match(raw):
+        raise ModelNotFoundError(f"no such directory: {raw}. Pass a directory written by save_pretrained, a model "
+                                 f"name ({', '.join(c.name for c in cards.list_models()[:3])}, ...; see "
+                                 "`zhnlp models`) or a hub repo id.")
+    if "/" in raw:
+        repo, rev = raw, revision
+    else:
+        card = cards.require_card(raw)
+        repo, rev = card.hub_repo, revision or card.revision
+    return _from_hub_cache(repo, rev, raw)
+
+
+def _from_hub_cache(repo: str, revision: str | None, asked: str) -> Path:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import LocalEntryNotFoundError
+
+    try:
+        return Path(snapshot_download(repo, revision=revision, allow_patterns=ALLOW_PATTERNS, local_files_only=True))
+    except (LocalEntryNotFoundError, FileNotFoundError):
+        pass
+    offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    how = (f"fetch it on a machine with access (`hf download {repo}`) and copy the Hugging Face cache "
+           f"(~/.cache/huggingface/hub) here, or pass a local directory")
+    if offline:
+        raise ModelNotFoundError(f"{asked}: no local directory of that name, and hub repo {repo!r} is not in the "
+                                 f"local Hugging Face cache while the hub is offline (HF_HUB_OFFLINE=1); {how}.")
+    try:
+        return Path(snapshot_download(repo, revision=revision, allow_patterns=ALLOW_PATTERNS))
+    except Exception as e:  # network, auth and missing-repo errors all end here with one message
+        raise ModelNotFoundError(f"{asked}: could not download hub repo {repo!r} ({type(e).__name__}); "
+                                 f"{how}.") from None
