@@ -152,8 +152,31 @@ def global_param_names(chunk) -> dict[str, str]:
     return out
 
 
-def _split(param) -> int | None:
-    return param.partition_dim if getattr(param, "tensor_model_parallel", False) else None
+def split_dims(chunk) -> dict[str, int | None]:
+    """Local parameter name -> the dimension tensor parallelism splits it along (None: replicated).
+
+    Inferred from the module that owns the parameter: column-parallel linears split their
+    output dimension (weight rows and bias), row-parallel linears their input dimension
+    (weight columns; the bias is replicated), vocab-parallel embeddings their rows. The
+    parameters are also given megatron's ``tensor_model_parallel``/``partition_dim``
+    attributes, which megatron sets only when it initialises the weights itself and which
+    its optimizer and gradient clipping read.
+    """
+    from megatron.core.tensor_parallel import (ColumnParallelLinear, RowParallelLinear, VocabParallelEmbedding,
+                                               set_tensor_model_parallel_attributes)
+
+    dims = {}
+    for mod_name, module in chunk.named_modules():
+        for p_name, p in module.named_parameters(recurse=False):
+            dim = None
+            if isinstance(module, ColumnParallelLinear) or isinstance(module, VocabParallelEmbedding):
+                dim = 0
+            elif isinstance(module, RowParallelLinear) and p_name == "weight":
+                dim = 1
+            if dim is not None and not getattr(p, "tensor_model_parallel", False):
+                set_tensor_model_parallel_attributes(p, True, dim, 1)
+            dims[f"{mod_name}.{p_name}" if mod_name else p_name] = dim
+    return dims
 
 
 @dataclass
@@ -190,6 +213,7 @@ def load_chunk(chunk, table: Table, reader: CheckpointReader, tp_rank: int, tp_s
     """Copy this rank's slices into ``chunk``; returns the local parameters left freshly initialised."""
     names = global_param_names(chunk)
     params = dict(chunk.named_parameters())
+    dims = split_dims(chunk)
     left_fresh = []
     for local, gname in names.items():
         p = params[local]
@@ -198,7 +222,7 @@ def load_chunk(chunk, table: Table, reader: CheckpointReader, tp_rank: int, tp_s
         if any(k in fresh_keys for k in keys):
             left_fresh.append(gname)
             continue
-        dim = _split(p)
+        dim = dims[local]
         rows = full_rows = None
         if dim is None:
             full_rows = p.shape[0] if p.dim() else None
@@ -222,10 +246,11 @@ def load_chunk(chunk, table: Table, reader: CheckpointReader, tp_rank: int, tp_s
 def gather_chunk(chunk, table: Table, tp_group, tp_size: int) -> dict[str, torch.Tensor]:
     """Full transformers tensors of this chunk's parameters (collective over the TP group)."""
     names = global_param_names(chunk)
+    dims = split_dims(chunk)
     out = {}
     for local, p in chunk.named_parameters():
         full = p.detach()
-        dim = _split(p)
+        dim = dims[local]
         if dim is not None and tp_size > 1:
             pieces = [torch.empty_like(full) for _ in range(tp_size)]
             dist.all_gather(pieces, full.contiguous(), group=tp_group)

@@ -77,13 +77,15 @@ def vocab_parallel_masked_lm_loss(logits_shard, labels, vocab_size: int, vocab_s
     logits_shard (s, b, Vp/tp), labels (b, s). Columns of the padded vocabulary beyond
     ``vocab_size`` are excluded from the softmax.
     """
+    # megatron's kernel works in place on its input: give it a private fp32 copy
+    logits_shard = logits_shard.float() if logits_shard.dtype != torch.float32 else logits_shard.clone()
     shard = logits_shard.size(-1)
     cols = torch.arange(vocab_start, vocab_start + shard, device=logits_shard.device)
     if int(cols[-1]) >= vocab_size:
         logits_shard = logits_shard.masked_fill(cols >= vocab_size, float("-inf"))
     target = labels.transpose(0, 1)  # (s, b)
     valid = target != -100
-    per_token = tensor_parallel.vocab_parallel_cross_entropy(logits_shard.float(), target.masked_fill(~valid, 0))
+    per_token = tensor_parallel.vocab_parallel_cross_entropy(logits_shard, target.masked_fill(~valid, 0))
     return (per_token * valid).sum() / valid.sum()
 
 

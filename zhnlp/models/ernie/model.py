@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 from megatron.core import parallel_state, tensor_parallel
+from megatron.core.enums import ModelType
 from megatron.core.models.common.language_module.language_module import LanguageModule
 from megatron.core.transformer.transformer_block import TransformerBlock
 from megatron.core.transformer.transformer_config import TransformerConfig
@@ -81,6 +82,7 @@ class ErnieModel(LanguageModule):
         if head not in H.HEADS:
             raise ValueError(f"unknown head {head!r}; choose one of {H.HEADS}.")
         self.arch, self.head = arch, head
+        self.model_type = ModelType.encoder_or_decoder  # read by megatron's pipeline schedules
         self.pre_process, self.post_process, self.vp_stage = pre_process, post_process, vp_stage
         self.share_embeddings_and_output_weights = head == "mlm"
         dtype, h = config.params_dtype, config.hidden_size
