@@ -9,7 +9,16 @@ Under ``torchrun``, call ``zhnlp.distributed.init(tp=..., pp=...)`` first; every
 receives complete outputs.
 """
 
-from zhnlp.distributed import cpu as _cpu
+import warnings as _warnings
+
+# megatron-core announces optional accelerators it did not find (TransformerEngine, Apex) and
+# deprecations of its own internal arguments at import and construction; none of them is
+# actionable for a zhnlp user.
+for _message in ("Transformer Engine and Apex are not installed", "tp_group is None",
+                 "full scope is deprecated", "Apex is not installed"):
+    _warnings.filterwarnings("ignore", message=f".*{_message}.*")
+
+from zhnlp.distributed import cpu as _cpu  # noqa: E402
 
 # Before megatron-core is imported anywhere: make its torch.compile'd helpers eager on CPU.
 _cpu.install()

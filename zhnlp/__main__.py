@@ -1,0 +1,5 @@
+import sys
+
+from zhnlp.cli import main
+
+sys.exit(main())
