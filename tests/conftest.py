@@ -35,3 +35,12 @@ def torchrun(script: Path, nproc: int, *args: str, timeout: int = 600, nnodes: i
         pytest.fail(f"torchrun {script.name} {' '.join(map(str, args))} failed ({proc.returncode}):\n"
                     f"{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
     return proc
+
+
+def pytest_collection_modifyitems(config, items):
+    if torch.cuda.is_available():
+        return
+    skip = pytest.mark.skip(reason="needs a CUDA device")
+    for item in items:
+        if "gpu" in item.keywords:
+            item.add_marker(skip)

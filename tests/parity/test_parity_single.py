@@ -85,3 +85,39 @@ def test_fine_tuning_step_matches_transformers(tmp_path):
     saved = load_file(str(tmp_path / "grads" / "model.safetensors"))
     for name, g in grads.items():
         torch.testing.assert_close(saved[name], g, rtol=0, atol=1e-5, msg=name)
+
+
+@pytest.mark.parametrize("extra,labels", [
+    (dict(num_labels=1), torch.tensor([0.5, -1.0, 2.0, 0.0])),                       # regression
+    (dict(num_labels=3, problem_type="multi_label_classification"),
+     torch.tensor([[1.0, 0, 1], [0, 0, 0], [1, 1, 1], [0, 1, 0]])),                    # multi-label
+    (dict(num_labels=5, classifier_dropout=0.3, hidden_act="gelu_new"), torch.tensor([4, 0, 2, 1])),
+    (dict(num_labels=2, hidden_act="quick_gelu", layer_norm_eps=1e-7, max_position_embeddings=20),
+     torch.tensor([1, 0, 0, 1])),
+])
+def test_other_configurations(tmp_path, extra, labels):
+    hf = hf_model("bert", "sequence_classification", **extra)
+    hf.save_pretrained(tmp_path / "hf")
+    model = zhnlp.AutoModelForSequenceClassification.from_pretrained(tmp_path / "hf")
+    batch = dict(inputs("bert", "base"), labels=labels)
+    with torch.no_grad():
+        ref, out = hf(**batch), model(**batch)
+    torch.testing.assert_close(out.logits, ref.logits, rtol=0, atol=1e-5)
+    torch.testing.assert_close(out.loss, ref.loss, rtol=0, atol=1e-5)
+
+
+def test_bfloat16_runs_close_to_float32(tmp_path):
+    hf = hf_model("ernie3", "mlm")
+    hf.save_pretrained(tmp_path / "hf")
+    batch = inputs("ernie3", "mlm")
+    ref = zhnlp.AutoModelForMaskedLM.from_pretrained(tmp_path / "hf")(**batch)
+    out = zhnlp.AutoModelForMaskedLM.from_pretrained(tmp_path / "hf", dtype="bfloat16")(**batch)
+    assert out.logits.dtype == torch.bfloat16
+    assert (out.logits.float() - ref.logits).abs().max() < 0.1
+    assert abs(out.loss.item() - ref.loss.item()) < 0.05
+
+
+def test_unsupported_position_embeddings_are_refused(tmp_path):
+    hf_model("bert", "base", position_embedding_type="relative_key").save_pretrained(tmp_path / "hf")
+    with pytest.raises(zhnlp.CheckpointError, match="position_embedding_type='relative_key'"):
+        zhnlp.AutoModel.from_pretrained(tmp_path / "hf")

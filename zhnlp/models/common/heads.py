@@ -13,13 +13,26 @@ from megatron.core import tensor_parallel
 
 from zhnlp.models.common.layers import LayerNorm
 
+def _gelu_tanh(x):
+    return F.gelu(x, approximate="tanh")
+
+
+def _quick_gelu(x):
+    return x * torch.sigmoid(1.702 * x)
+
+
+# transformers' ``hidden_act`` names -> functions with the same numerics
 ACTIVATIONS = {
     "gelu": F.gelu,
+    "gelu_python": F.gelu,
     "relu": F.relu,
-    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
-    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_new": _gelu_tanh,
+    "gelu_fast": _gelu_tanh,
+    "gelu_pytorch_tanh": _gelu_tanh,
+    "quick_gelu": _quick_gelu,
     "silu": F.silu,
     "swish": F.silu,
+    "mish": F.mish,
     "tanh": torch.tanh,
 }
 

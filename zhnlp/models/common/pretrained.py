@@ -60,6 +60,8 @@ class PretrainedModel(torch.nn.Module):
                 post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
                 vp_stage=vp_stage))
         self.chunks = torch.nn.ModuleList(chunks)
+        if torch.cuda.is_available():  # megatron builds on the CPU (use_cpu_initialization)
+            self.chunks.to(distributed.device())
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -176,7 +178,7 @@ class PretrainedModel(torch.nn.Module):
         out = {}
         for name, shape in shapes.items():
             if lay.is_last_stage:
-                t = torch.cat([r[name] for r in results]).contiguous()
+                t = torch.cat([r[name] for r in results]).to(self.transformer_config.params_dtype).contiguous()
             else:
                 t = torch.empty(shape, dtype=self.transformer_config.params_dtype, device=distributed.device())
             dist.broadcast(t, src=src, group=group)

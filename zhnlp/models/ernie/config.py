@@ -56,6 +56,15 @@ class ErnieConfig:
         if self.hidden_size % self.num_attention_heads:
             raise CheckpointError(f"hidden_size {self.hidden_size} is not divisible by num_attention_heads "
                                   f"{self.num_attention_heads}.")
+        unsupported = {
+            "position_embedding_type": ("absolute", "only absolute position embeddings are implemented"),
+            "is_decoder": (False, "the ERNIE family here is an encoder"),
+            "add_cross_attention": (False, "cross-attention is not implemented"),
+        }
+        for key, (ok, why) in unsupported.items():
+            if self.extra.get(key, ok) != ok:
+                raise CheckpointError(f"config.json sets {key}={self.extra[key]!r}, which zhnlp does not support "
+                                      f"({why}); use transformers for this checkpoint.")
         if self.model_type == "bert":
             self.use_task_id = False
         if self.id2label is not None:
