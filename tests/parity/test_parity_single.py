@@ -36,7 +36,7 @@ def test_outputs_and_loss_match_transformers(tmp_path, name, head):
     assert keys, "reference produced no outputs"
     for k in keys:
         assert out[k].shape == ref[k].shape, k
-        torch.testing.assert_close(out[k], ref[k], rtol=0, atol=1e-5, msg=f"{name}/{head}: {k}")
+        torch.testing.assert_close(out[k].cpu(), ref[k], rtol=0, atol=1e-5, msg=f"{name}/{head}: {k}")
     if head not in ("base",):
         assert out.loss is not None
 
@@ -62,7 +62,7 @@ def test_unpadded_batch_and_defaults(tmp_path):
     model = zhnlp.AutoModel.from_pretrained(tmp_path / "hf")
     ids = inputs("ernie3", "base")["input_ids"]
     with torch.no_grad():
-        torch.testing.assert_close(model(ids).last_hidden_state, hf(ids).last_hidden_state, rtol=0, atol=1e-5)
+        torch.testing.assert_close(model(ids).last_hidden_state.cpu(), hf(ids).last_hidden_state, rtol=0, atol=1e-5)
 
 
 def test_fine_tuning_step_matches_transformers(tmp_path):
@@ -102,8 +102,8 @@ def test_other_configurations(tmp_path, extra, labels):
     batch = dict(inputs("bert", "base"), labels=labels)
     with torch.no_grad():
         ref, out = hf(**batch), model(**batch)
-    torch.testing.assert_close(out.logits, ref.logits, rtol=0, atol=1e-5)
-    torch.testing.assert_close(out.loss, ref.loss, rtol=0, atol=1e-5)
+    torch.testing.assert_close(out.logits.cpu(), ref.logits, rtol=0, atol=1e-5)
+    torch.testing.assert_close(out.loss.cpu(), ref.loss, rtol=0, atol=1e-5)
 
 
 def test_bfloat16_runs_close_to_float32(tmp_path):
