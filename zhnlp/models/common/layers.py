@@ -42,6 +42,8 @@ class SDPAttention(MegatronModule):
     Returns ``[s, b, heads/tp * head_dim]``.
     """
 
+    first_query_only = False  # see PostLNTransformerLayer.keep_first_token_only
+
     def __init__(self, config, layer_number, attn_mask_type, attention_type="self", softmax_scale=None,
                  cp_comm_type=None, pg_collection=None, attention_dropout=None):
         super().__init__(config=config)
@@ -50,6 +52,8 @@ class SDPAttention(MegatronModule):
 
     def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
                 packed_seq_params=None):
+        if self.first_query_only:
+            query = query[:1]  # (1, b, nh, hd): keys and values keep every position
         s, b, nh, hd = query.shape
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # (b, nh, s, hd)
         keep = None if attention_mask is None else ~attention_mask  # SDPA: True = attend
@@ -88,12 +92,23 @@ class PostLNTransformerLayer(TransformerLayer):
         self.post_mlp_layernorm = build_module(submodules.post_mlp_layernorm, config=config,
                                                hidden_size=config.hidden_size, eps=eps)
 
+    first_token_only = False
+
+    def keep_first_token_only(self) -> None:
+        """Compute this layer's output for position 0 only (its keys and values still cover
+        the whole sequence). For the last layer under a head that reads only [CLS]: the
+        result there is unchanged and the attention output, FFN and norms shrink from s
+        positions to one. Not for sequence parallelism, where position 0 lives on one rank."""
+        self.first_token_only = True
+        self.self_attention.core_attention.first_query_only = True
+
     def forward(self, hidden_states, attention_mask=None, context=None, **_unused):
         # hidden_states: (s, b, h), or (s/tp, b, h) under sequence parallelism
         bda = self.self_attn_bda(self.training, self.config.bias_dropout_fusion)
         attn_out_with_bias = self.self_attention(hidden_states, attention_mask=attention_mask)
+        residual = hidden_states[:1] if self.first_token_only else hidden_states  # (1, b, h) or (s, b, h)
         with self.bias_dropout_add_exec_handler():
-            hidden_states = bda(attn_out_with_bias, hidden_states, self.hidden_dropout)
+            hidden_states = bda(attn_out_with_bias, residual, self.hidden_dropout)
         hidden_states = self.post_attention_layernorm(hidden_states)
 
         mlp_out_with_bias = self.mlp(hidden_states)

@@ -17,6 +17,7 @@ from megatron.core.utils import init_method_normal
 
 from zhnlp.models.common import heads as H
 from zhnlp.models.common.embeddings import EncoderEmbeddings
+from zhnlp.models.common.linear import ColumnLinear
 from zhnlp.models.common.specs import post_ln_encoder_layer_spec
 from zhnlp.models.ernie.config import ErnieConfig
 
@@ -97,6 +98,9 @@ class ErnieModel(LanguageModule):
             dropout = arch.classifier_dropout if arch.classifier_dropout is not None else arch.hidden_dropout_prob
             if head in ("base", "sequence_classification"):
                 self.pooler = H.Pooler(h, dtype)
+            if head == "sequence_classification" and not config.sequence_parallel and len(self.encoder.layers):
+                # Only [CLS] reaches this head: the last layer need not compute the other positions.
+                self.encoder.layers[-1].keep_first_token_only()
             if head == "sequence_classification":
                 self.classifier = H.LinearHead(h, arch.num_labels, dropout, dtype)
             elif head == "token_classification":
@@ -109,7 +113,7 @@ class ErnieModel(LanguageModule):
                     p.sequence_parallel = config.sequence_parallel
                 # The vocabulary projection is tied to the word embeddings; on a last stage that
                 # is not also the first, megatron keeps a copy whose gradients it all-reduces.
-                self.output_layer = tensor_parallel.ColumnParallelLinear(
+                self.output_layer = ColumnLinear(
                     h, arch.padded_vocab_size, config=config, init_method=config.init_method, bias=True,
                     gather_output=False, skip_bias_add=False,
                     skip_weight_param_allocation=pre_process)
