@@ -14,10 +14,15 @@ each side's figure is the median ms/iter. speed-up = transformers_ms / zhnlp_ms 
 faster). transformers runs with zhnlp's CPU device mode (``zhnlp/distributed/cpu.py``)
 suspended, as it would in a process without zhnlp.
 
-Run (a few minutes on 2 cores):
+Run (about a minute on 2 cores):
 
     .venv/bin/python benchmarks/bench_model.py [--threads 2] [--batch 8] [--seq 128]
                                                [--iters 10] [--infer-iters 20] [--json]
+
+Training numbers are noisy by default: glibc hands freed blocks back to the OS, and the
+page faults (mostly AdamW temporaries and the 40000x768 embedding gradient, alike on both
+sides) add 0.2-1 s of system time per step, unevenly. For steadier figures prefix the
+command with ``MALLOC_MMAP_THRESHOLD_=536870912 MALLOC_TRIM_THRESHOLD_=4294967296``.
 """
 
 from __future__ import annotations
