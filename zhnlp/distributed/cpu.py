@@ -20,11 +20,15 @@ effects are process-global and are listed here on purpose:
   filtered for that reason.)
 * megatron's ``jit_fuser`` (``torch.compile``) is made eager while megatron is imported:
   compiling its small fused kernels costs seconds per process on CPU and gains nothing.
-* While :func:`activate` is in force, a ``TorchFunctionMode`` maps every CUDA device
-  argument (``"cuda"``, ``"cuda:0"``, ``torch.device("cuda")``, a bare GPU index) to the
-  CPU and makes ``Tensor.type()`` report ``torch.cuda.*`` names for CPU tensors. The
-  autograd engine runs custom ``Function.backward`` methods with the mode stack cleared,
-  so backward calls (megatron's communication ops, activation recompute) re-enter it.
+* Inside :func:`device_mode` (zhnlp enters it around its calls into megatron: model
+  construction, process-group setup, pipeline schedules, the trainer's step), a
+  ``TorchFunctionMode`` maps every CUDA device argument (``"cuda"``, ``"cuda:0"``,
+  ``torch.device("cuda")``, a bare GPU index) to the CPU and makes ``Tensor.type()``
+  report ``torch.cuda.*`` names for CPU tensors. It is scoped, not process-wide, so other
+  libraries in the process never see it and the model's own forward pays nothing for it.
+  The autograd engine runs custom ``Function.backward`` methods with the mode stack
+  cleared, so the backwards of megatron's own Functions (communication ops, activation
+  recompute) re-enter it; other libraries' Functions are left alone.
 """
 
 from __future__ import annotations
@@ -36,7 +40,6 @@ import torch
 from torch.overrides import TorchFunctionMode
 
 _INSTALLED = False
-_ACTIVE_MODE: "_CudaToCpuMode | None" = None
 
 
 def _to_cpu_device(device):
@@ -116,7 +119,7 @@ def install() -> None:
     backward_apply = torch.autograd.function.BackwardCFunction.apply
 
     def apply_in_mode(self, *args):
-        if _ACTIVE_MODE is None:
+        if not self._forward_cls.__module__.startswith("megatron."):
             return backward_apply(self, *args)
         with _CudaToCpuMode():
             return backward_apply(self, *args)
@@ -138,15 +141,16 @@ def install() -> None:
     logging.getLogger(mrandom.__name__).addFilter(_DropTrackerWarning())
 
 
-def activate() -> None:
-    """Enter the CUDA->CPU device mode for the rest of the process (after :func:`install`)."""
-    global _ACTIVE_MODE
-    if not _INSTALLED or _ACTIVE_MODE is not None:
+@contextlib.contextmanager
+def device_mode():
+    """Run megatron code that assumes CUDA on the CPU (a no-op where CUDA is present)."""
+    if not _INSTALLED:
+        yield
         return
-    _ACTIVE_MODE = _CudaToCpuMode()
-    _ACTIVE_MODE.__enter__()
+    with _CudaToCpuMode():
+        yield
 
 
-def is_active() -> bool:
-    """True when the compatibility layer is installed and its device mode is in force."""
-    return _ACTIVE_MODE is not None
+def installed() -> bool:
+    """True when the compatibility layer is in place (no CUDA in this process)."""
+    return _INSTALLED

@@ -110,7 +110,6 @@ def init(
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "gloo":
         cpu.install()
-        cpu.activate()
     _init_world(backend, datetime.timedelta(minutes=timeout_minutes))
     world = dist.get_world_size()
     if world % (tp * pp) != 0:
@@ -123,18 +122,18 @@ def init(
         raise LayoutError(f"ep={ep} must divide dp*tp = {dp * tp}; change ep or the number of processes.")
 
     from megatron.core import parallel_state as ps
-    from megatron.core import tensor_parallel
 
-    if ps.model_parallel_is_initialized():
-        ps.destroy_model_parallel()
-    ps.initialize_model_parallel(
-        tensor_model_parallel_size=tp,
-        pipeline_model_parallel_size=pp,
-        virtual_pipeline_model_parallel_size=vpp,
-        expert_model_parallel_size=ep,
-        distributed_timeout_minutes=max(1, int(timeout_minutes)),
-    )
-    set_seed(seed)
+    with cpu.device_mode():
+        if ps.model_parallel_is_initialized():
+            ps.destroy_model_parallel()
+        ps.initialize_model_parallel(
+            tensor_model_parallel_size=tp,
+            pipeline_model_parallel_size=pp,
+            virtual_pipeline_model_parallel_size=vpp,
+            expert_model_parallel_size=ep,
+            distributed_timeout_minutes=max(1, int(timeout_minutes)),
+        )
+        set_seed(seed)
     _LAYOUT = Layout(
         tp=tp,
         pp=pp,

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 
 from zhnlp import distributed
+from zhnlp.distributed import cpu
 from zhnlp.conversion import engine
 from zhnlp.models.common import heads as H
 from zhnlp.models.common.family import Family
@@ -43,6 +44,10 @@ class PretrainedModel(torch.nn.Module):
 
     def __init__(self, family: Family, arch, head: str, run_options: dict | None = None):
         super().__init__()
+        with cpu.device_mode():
+            self._build(family, arch, head, run_options)
+
+    def _build(self, family: Family, arch, head: str, run_options: dict | None) -> None:
         from megatron.core import parallel_state as ps
 
         self.family, self.config, self.head = family, arch, head
@@ -169,9 +174,10 @@ class PretrainedModel(torch.nn.Module):
             return chunk(**next(data_iterator)), None
 
         iters = [iter(micro) for _ in self.chunks] if lay.vpp else iter(micro)
-        results = get_forward_backward_func()(
-            forward_step_func=step, data_iterator=iters, model=list(self.chunks), num_microbatches=n,
-            seq_length=s, micro_batch_size=mbs, forward_only=True)
+        with cpu.device_mode():
+            results = get_forward_backward_func()(
+                forward_step_func=step, data_iterator=iters, model=list(self.chunks), num_microbatches=n,
+                seq_length=s, micro_batch_size=mbs, forward_only=True)
         shapes = self.chunks[-1].output_shapes(b, s)
         src = ps.get_pipeline_model_parallel_last_rank()
         group = ps.get_pipeline_model_parallel_group()
