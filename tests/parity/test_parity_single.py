@@ -121,3 +121,24 @@ def test_unsupported_position_embeddings_are_refused(tmp_path):
     hf_model("bert", "base", position_embedding_type="relative_key").save_pretrained(tmp_path / "hf")
     with pytest.raises(zhnlp.CheckpointError, match="position_embedding_type='relative_key'"):
         zhnlp.AutoModel.from_pretrained(tmp_path / "hf")
+
+
+@pytest.mark.parametrize("padding", ["left", "right", "none"])
+def test_sequence_classification_padding_sides(tmp_path, padding):
+    """Right-padded batches run without their padding tokens, left-padded ones in the padded
+    layout: both must give transformers' logits, loss and gradients."""
+    hf = hf_model("ernie3", "sequence_classification", hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
+    hf.save_pretrained(tmp_path / "hf")
+    model = zhnlp.AutoModelForSequenceClassification.from_pretrained(tmp_path / "hf").train()
+    hf.train()
+    batch = inputs("ernie3", "sequence_classification")
+    if padding == "left":
+        batch["attention_mask"] = batch["attention_mask"].flip(1)
+    elif padding == "none":
+        batch["attention_mask"] = torch.ones_like(batch["attention_mask"])
+    ref, out = hf(**batch), model(**batch)
+    torch.testing.assert_close(out.logits.cpu(), ref.logits, rtol=0, atol=1e-5)
+    ref.loss.backward()
+    out.loss.backward()
+    word = model.chunks[0].embedding.word_embeddings.weight.grad[: hf.config.vocab_size]
+    torch.testing.assert_close(word.cpu(), hf.ernie.embeddings.word_embeddings.weight.grad, rtol=0, atol=1e-5)

@@ -11,30 +11,8 @@ import torch
 import torch.nn.functional as F
 from megatron.core import tensor_parallel
 
+from zhnlp.models.common.activations import ACTIVATIONS
 from zhnlp.models.common.layers import LayerNorm
-
-def _gelu_tanh(x):
-    return F.gelu(x, approximate="tanh")
-
-
-def _quick_gelu(x):
-    return x * torch.sigmoid(1.702 * x)
-
-
-# transformers' ``hidden_act`` names -> functions with the same numerics
-ACTIVATIONS = {
-    "gelu": F.gelu,
-    "gelu_python": F.gelu,
-    "relu": F.relu,
-    "gelu_new": _gelu_tanh,
-    "gelu_fast": _gelu_tanh,
-    "gelu_pytorch_tanh": _gelu_tanh,
-    "quick_gelu": _quick_gelu,
-    "silu": F.silu,
-    "swish": F.silu,
-    "mish": F.mish,
-    "tanh": torch.tanh,
-}
 
 HEADS = ("base", "mlm", "sequence_classification", "token_classification", "question_answering")
 

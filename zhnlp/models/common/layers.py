@@ -34,12 +34,28 @@ class LayerNorm(torch.nn.LayerNorm):
             p.sequence_parallel = sp
 
 
+def is_packed(hidden, attention_mask) -> bool:
+    """True when padding has been removed: ``hidden`` is ``(T, 1, ...)`` over the real tokens
+    while the mask still describes the padded ``(b, s)`` batch (see :func:`real_token_index`)."""
+    return attention_mask is not None and (
+        hidden.shape[1] != attention_mask.shape[0] or hidden.shape[0] != attention_mask.shape[-1])
+
+
+def real_token_index(attention_mask):
+    """Flat positions (position-major, i.e. ``s * b + b_i``) of the real tokens of a padded
+    batch, from megatron's mask ``(b, 1, 1, s)`` (True = padding). With right padding the first
+    ``b`` entries are position 0 of each row, the [CLS] tokens."""
+    return (~attention_mask[:, 0, 0, :]).t().reshape(-1).nonzero().squeeze(1)
+
+
 class SDPAttention(MegatronModule):
     """Core attention through ``torch.nn.functional.scaled_dot_product_attention``.
 
     Takes megatron's per-partition query/key/value ``[s, b, heads/tp, head_dim]`` and an
     optional padding mask ``[b, 1, 1, s]`` in megatron's convention (True = masked out).
-    Returns ``[s, b, heads/tp * head_dim]``.
+    Returns ``[s, b, heads/tp * head_dim]``. Packed inputs ``[T, 1, ...]`` (padding removed,
+    see :func:`is_packed`) are scattered back to the padded layout for the attention only and
+    the result is packed again.
     """
 
     first_query_only = False  # see PostLNTransformerLayer.keep_first_token_only
@@ -52,7 +68,18 @@ class SDPAttention(MegatronModule):
 
     def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
                 packed_seq_params=None):
-        if self.first_query_only:
+        packed = is_packed(query, attention_mask)
+        if packed:
+            b, s = attention_mask.shape[0], attention_mask.shape[-1]
+            index = real_token_index(attention_mask)
+
+            def unpack(t):  # (T, 1, nh, hd) -> (s, b, nh, hd), zeros at the padding
+                return t.new_zeros(s * b, *t.shape[2:]).index_copy(0, index, t[:, 0]).view(s, b, *t.shape[2:])
+
+            key, value = unpack(key), unpack(value)
+            # the first b packed tokens are position 0 of each row
+            query = query[:b].transpose(0, 1) if self.first_query_only else unpack(query)
+        elif self.first_query_only:
             query = query[:1]  # (1, b, nh, hd): keys and values keep every position
         s, b, nh, hd = query.shape
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # (b, nh, s, hd)
@@ -65,7 +92,12 @@ class SDPAttention(MegatronModule):
         with rng:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=dropout_p,
                                                  scale=self.softmax_scale)
-        return out.permute(2, 0, 1, 3).reshape(s, b, nh * hd)  # (s, b, nh*hd)
+        out = out.permute(2, 0, 1, 3).reshape(s, b, nh * hd)  # (s, b, nh*hd)
+        if not packed:
+            return out
+        if self.first_query_only:
+            return out.transpose(0, 1)  # (b, 1, nh*hd): the packed [CLS] tokens
+        return out.reshape(s * b, -1).index_select(0, index).unsqueeze(1)  # (T, 1, nh*hd)
 
 
 @dataclass
@@ -106,7 +138,10 @@ class PostLNTransformerLayer(TransformerLayer):
         # hidden_states: (s, b, h), or (s/tp, b, h) under sequence parallelism
         bda = self.self_attn_bda(self.training, self.config.bias_dropout_fusion)
         attn_out_with_bias = self.self_attention(hidden_states, attention_mask=attention_mask)
-        residual = hidden_states[:1] if self.first_token_only else hidden_states  # (1, b, h) or (s, b, h)
+        residual = hidden_states
+        if self.first_token_only:  # keep [CLS]: (1, b, h), or (b, 1, h) when packed
+            residual = hidden_states[:attention_mask.shape[0]] if is_packed(hidden_states, attention_mask) \
+                else hidden_states[:1]
         with self.bias_dropout_add_exec_handler():
             hidden_states = bda(attn_out_with_bias, residual, self.hidden_dropout)
         hidden_states = self.post_attention_layernorm(hidden_states)

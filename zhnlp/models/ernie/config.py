@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from zhnlp.errors import CheckpointError, LayoutError
-from zhnlp.models.common.heads import ACTIVATIONS
+from zhnlp.models.common.activations import ACTIVATIONS
 
 MODEL_TYPES = ("ernie", "bert")
 # Megatron pads the vocabulary so that every TP shard has the same size. We pad to a fixed

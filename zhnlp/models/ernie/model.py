@@ -16,7 +16,9 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import init_method_normal
 
 from zhnlp.models.common import heads as H
+from zhnlp.models.common.activations import ffn_activation
 from zhnlp.models.common.embeddings import EncoderEmbeddings
+from zhnlp.models.common.layers import real_token_index
 from zhnlp.models.common.linear import ColumnLinear
 from zhnlp.models.common.specs import post_ln_encoder_layer_spec
 from zhnlp.models.ernie.config import ErnieConfig
@@ -41,7 +43,7 @@ def transformer_config(arch: ErnieConfig, *, tp: int = 1, pp: int = 1, vpp: int 
         hidden_dropout=arch.hidden_dropout_prob,
         attention_dropout=arch.attention_probs_dropout_prob,
         layernorm_epsilon=arch.layer_norm_eps,
-        activation_func=H.ACTIVATIONS[arch.hidden_act],
+        activation_func=ffn_activation(arch.hidden_act),
         add_bias_linear=True,
         gated_linear_unit=False,
         init_method=init,
@@ -117,6 +119,10 @@ class ErnieModel(LanguageModule):
                     h, arch.padded_vocab_size, config=config, init_method=config.init_method, bias=True,
                     gather_output=False, skip_bias_add=False,
                     skip_weight_param_allocation=pre_process)
+        # With the whole model on this rank and only [CLS] read, padding tokens can be dropped
+        # before the encoder: every linear, norm and FFN then runs on the real tokens only.
+        self.drops_padding = (pre_process and post_process and head == "sequence_classification"
+                              and not config.sequence_parallel and len(self.encoder.layers) > 0)
         if self.share_embeddings_and_output_weights:
             self.setup_embeddings_and_output_layer()
 
@@ -161,7 +167,12 @@ class ErnieModel(LanguageModule):
             if task_type_ids is None:
                 task_type_ids = torch.zeros_like(input_ids)
             hidden = self.embedding(input_ids, position_ids, token_type_ids, task_type_ids)
-        hidden = self.encoder(hidden, mask)  # (s, b, h) or (s/tp, b, h) under SP
+        packed = self.drops_padding and mask is not None and bool(attention_mask[:, 0].all())
+        if packed:  # right padding only: then the first b real tokens are the [CLS] tokens
+            hidden = hidden.reshape(s * b, -1).index_select(0, real_token_index(mask)).unsqueeze(1)  # (T, 1, h)
+        hidden = self.encoder(hidden, mask)  # (s, b, h) or (s/tp, b, h) under SP; (1, b, h) for [CLS] only
+        if packed:
+            hidden = hidden.transpose(0, 1)  # (b, 1, h) -> (1, b, h)
         if not self.post_process:
             return hidden
         return self._head(hidden, labels, start_positions, end_positions, gather_logits)
