@@ -51,10 +51,11 @@ def ernie_medium_config(num_labels: int = 2):
         pad_token_id=0, num_labels=num_labels)
 
 
-def make_batch(batch: int, seq: int, num_labels: int, seed: int = 0) -> dict:
-    """Random tokens; the first half of the rows are full, the rest padded to [seq/2, seq)."""
+def make_batch(batch: int, seq: int, num_labels: int, seed: int = 0, padded: bool = True) -> dict:
+    """Random tokens; the first half of the rows are full, the rest padded to [seq/2, seq)
+    (``padded=False``: every row full)."""
     g = torch.Generator().manual_seed(seed)
-    lengths = [seq if i < (batch + 1) // 2 else int(torch.randint(seq // 2, seq, (1,), generator=g))
+    lengths = [seq if i < (batch + 1) // 2 or not padded else int(torch.randint(seq // 2, seq, (1,), generator=g))
                for i in range(batch)]
     mask = (torch.arange(seq)[None, :] < torch.tensor(lengths)[:, None]).long()
     input_ids = torch.randint(1, 40000, (batch, seq), generator=g) * mask
@@ -139,12 +140,13 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=10, help="timed training iterations per side")
     p.add_argument("--infer-iters", type=int, default=20, help="timed inference iterations per side")
     p.add_argument("--warmup", type=int, default=2)
+    p.add_argument("--no-padding", action="store_true", help="every row full (no padding tokens)")
     p.add_argument("--json", action="store_true", help="also print one JSON line with the numbers")
     args = p.parse_args()
 
     torch.set_num_threads(args.threads)
     warnings.filterwarnings("ignore")
-    batch = make_batch(args.batch, args.seq, num_labels=2)
+    batch = make_batch(args.batch, args.seq, num_labels=2, padded=not args.no_padding)
     with tempfile.TemporaryDirectory() as tmp:
         sides = build_sides(tmp)
     measure(sides, "inference", batch, args.infer_iters, args.warmup)
