@@ -35,17 +35,25 @@ class LayerNorm(torch.nn.LayerNorm):
 
 
 def is_packed(hidden, attention_mask) -> bool:
-    """True when padding has been removed: ``hidden`` is ``(T, 1, ...)`` over the real tokens
-    while the mask still describes the padded ``(b, s)`` batch (see :func:`real_token_index`)."""
+    """True when padding has been removed: ``hidden`` is ``(T, 1, ...)`` over the real tokens,
+    row after row, while the mask still describes the padded ``(b, s)`` batch."""
     return attention_mask is not None and (
         hidden.shape[1] != attention_mask.shape[0] or hidden.shape[0] != attention_mask.shape[-1])
 
 
 def real_token_index(attention_mask):
-    """Flat positions (position-major, i.e. ``s * b + b_i``) of the real tokens of a padded
-    batch, from megatron's mask ``(b, 1, 1, s)`` (True = padding). With right padding the first
-    ``b`` entries are position 0 of each row, the [CLS] tokens."""
-    return (~attention_mask[:, 0, 0, :]).t().reshape(-1).nonzero().squeeze(1)
+    """Flat positions (row-major, ``b_i * s + position``) of the real tokens of a padded batch,
+    from megatron's mask ``(b, 1, 1, s)`` (True = padding): packing keeps each row contiguous."""
+    return (~attention_mask[:, 0, 0, :]).reshape(-1).nonzero().squeeze(1)
+
+
+def row_starts(attention_mask) -> tuple[list[int], list[int]]:
+    """Where each row starts in the packed tokens, and its length."""
+    lengths = (~attention_mask[:, 0, 0, :]).sum(1).tolist()
+    starts = [0]
+    for n in lengths[:-1]:
+        starts.append(starts[-1] + n)
+    return starts, lengths
 
 
 class SDPAttention(MegatronModule):
@@ -54,8 +62,7 @@ class SDPAttention(MegatronModule):
     Takes megatron's per-partition query/key/value ``[s, b, heads/tp, head_dim]`` and an
     optional padding mask ``[b, 1, 1, s]`` in megatron's convention (True = masked out).
     Returns ``[s, b, heads/tp * head_dim]``. Packed inputs ``[T, 1, ...]`` (padding removed,
-    see :func:`is_packed`) are scattered back to the padded layout for the attention only and
-    the result is packed again.
+    see :func:`is_packed`) are attended row by row, each row over its own tokens only.
     """
 
     first_query_only = False  # see PostLNTransformerLayer.keep_first_token_only
@@ -68,36 +75,36 @@ class SDPAttention(MegatronModule):
 
     def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
                 packed_seq_params=None):
-        packed = is_packed(query, attention_mask)
-        if packed:
-            b, s = attention_mask.shape[0], attention_mask.shape[-1]
-            index = real_token_index(attention_mask)
-
-            def unpack(t):  # (T, 1, nh, hd) -> (s, b, nh, hd), zeros at the padding
-                return t.new_zeros(s * b, *t.shape[2:]).index_copy(0, index, t[:, 0]).view(s, b, *t.shape[2:])
-
-            key, value = unpack(key), unpack(value)
-            # the first b packed tokens are position 0 of each row
-            query = query[:b].transpose(0, 1) if self.first_query_only else unpack(query)
-        elif self.first_query_only:
-            query = query[:1]  # (1, b, nh, hd): keys and values keep every position
-        s, b, nh, hd = query.shape
-        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # (b, nh, s, hd)
-        keep = None if attention_mask is None else ~attention_mask  # SDPA: True = attend
         dropout_p = self.dropout_p if self.training else 0.0
         # Heads are split across TP ranks, so their dropout masks must differ: use the
         # model-parallel RNG stream (under sequence parallelism the block already forked it).
         rng = (tensor_parallel.get_cuda_rng_tracker().fork()
                if dropout_p > 0 and not self.config.sequence_parallel else nullcontext())
+        if is_packed(query, attention_mask):
+            with rng:
+                return self._packed(query, key, value, attention_mask, dropout_p)
+        if self.first_query_only:
+            query = query[:1]  # (1, b, nh, hd): keys and values keep every position
+        s, b, nh, hd = query.shape
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # (b, nh, s, hd)
+        keep = None if attention_mask is None else ~attention_mask  # SDPA: True = attend
         with rng:
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=dropout_p,
                                                  scale=self.softmax_scale)
-        out = out.permute(2, 0, 1, 3).reshape(s, b, nh * hd)  # (s, b, nh*hd)
-        if not packed:
-            return out
-        if self.first_query_only:
-            return out.transpose(0, 1)  # (b, 1, nh*hd): the packed [CLS] tokens
-        return out.reshape(s * b, -1).index_select(0, index).unsqueeze(1)  # (T, 1, nh*hd)
+        return out.permute(2, 0, 1, 3).reshape(s, b, nh * hd)  # (s, b, nh*hd)
+
+    def _packed(self, query, key, value, attention_mask, dropout_p):
+        """Attention row by row over packed tokens ``(T, 1, nh, hd)``: no mask, no padding keys.
+        Returns ``(T, 1, nh*hd)``, or ``(b, 1, nh*hd)`` for each row's first token only."""
+        starts, lengths = row_starts(attention_mask)
+        outs = []
+        for start, n in zip(starts, lengths):
+            q = query[start:start + (1 if self.first_query_only else n)]
+            q, k, v = (t.permute(1, 2, 0, 3) for t in (q, key[start:start + n], value[start:start + n]))  # (1, nh, n, hd)
+            out = F.scaled_dot_product_attention(q, k, v, dropout_p=dropout_p, scale=self.softmax_scale)
+            outs.append(out[0].transpose(0, 1))  # (n, nh, hd), a view: cat makes the one copy
+        packed = torch.cat(outs)
+        return packed.reshape(packed.shape[0], 1, -1)
 
 
 @dataclass
@@ -140,8 +147,11 @@ class PostLNTransformerLayer(TransformerLayer):
         attn_out_with_bias = self.self_attention(hidden_states, attention_mask=attention_mask)
         residual = hidden_states
         if self.first_token_only:  # keep [CLS]: (1, b, h), or (b, 1, h) when packed
-            residual = hidden_states[:attention_mask.shape[0]] if is_packed(hidden_states, attention_mask) \
-                else hidden_states[:1]
+            if is_packed(hidden_states, attention_mask):
+                starts = torch.tensor(row_starts(attention_mask)[0], device=hidden_states.device)
+                residual = hidden_states.index_select(0, starts)
+            else:
+                residual = hidden_states[:1]
         with self.bias_dropout_add_exec_handler():
             hidden_states = bda(attn_out_with_bias, residual, self.hidden_dropout)
         hidden_states = self.post_attention_layernorm(hidden_states)

@@ -168,8 +168,9 @@ class ErnieModel(LanguageModule):
                 task_type_ids = torch.zeros_like(input_ids)
             hidden = self.embedding(input_ids, position_ids, token_type_ids, task_type_ids)
         packed = self.drops_padding and mask is not None and bool(attention_mask[:, 0].all())
-        if packed:  # right padding only: then the first b real tokens are the [CLS] tokens
-            hidden = hidden.reshape(s * b, -1).index_select(0, real_token_index(mask)).unsqueeze(1)  # (T, 1, h)
+        if packed:  # [CLS] at position 0 must be real (not left padding): it is what the head reads
+            hidden = hidden.transpose(0, 1).reshape(b * s, -1).index_select(0, real_token_index(mask))
+            hidden = hidden.unsqueeze(1)  # (T, 1, h), row after row
         hidden = self.encoder(hidden, mask)  # (s, b, h) or (s/tp, b, h) under SP; (1, b, h) for [CLS] only
         if packed:
             hidden = hidden.transpose(0, 1)  # (b, 1, h) -> (1, b, h)
