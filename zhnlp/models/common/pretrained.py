@@ -220,6 +220,7 @@ class PretrainedModel(torch.nn.Module):
             if lay.pp > 1:
                 self._write_index(directory)
             config = self.config.to_dict(architecture=bridge.hf_architecture(self.config, self.head))
+            config["dtype"] = str(self.transformer_config.params_dtype).removeprefix("torch.")
             tmp = directory / f"config.json.tmp{os.getpid()}"
             tmp.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
             os.replace(tmp, directory / "config.json")
