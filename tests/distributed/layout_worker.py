@@ -28,6 +28,9 @@ def main() -> int:
     with torch.no_grad():
         report["hidden"] = zhnlp.AutoModel.from_pretrained(ckpt_ok)(ids).last_hidden_state.sum().item()
     report["layout"] = {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "world": lay.world_size}
+    # a fresh model is initialised identically whatever the layout
+    fresh = json.loads((ckpt_ok / "config.json").read_text())
+    zhnlp.AutoModelForMaskedLM.from_config(fresh).save_pretrained(out / "fresh-tp2")
     (out / f"rank{lay.rank}.json").write_text(json.dumps(report))
     zhnlp.distributed.shutdown()
     return 0

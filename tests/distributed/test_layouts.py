@@ -37,7 +37,7 @@ def _check(root: Path, ref: float):
         assert abs(r["hidden"] - ref) < 1e-3
 
 
-def test_layout_errors_on_every_rank(checkpoints):
+def test_layout_errors_on_every_rank_and_fresh_weights_independent_of_layout(checkpoints):
     root, ref = checkpoints
     # 2 heads split 2 ways is fine; 3 heads is not: make that checkpoint here
     hf_model("ernie3", "base", num_attention_heads=3, hidden_size=30).save_pretrained(root / "heads3")
@@ -46,6 +46,18 @@ def test_layout_errors_on_every_rank(checkpoints):
     for rank in range(2):
         r = json.loads((root / "out" / f"rank{rank}.json").read_text())
         assert "num_attention_heads=3 is not divisible by tp=2" in r["heads"]
+    # a fresh model (from_config) written by the TP=2 workers equals one made here at TP=1
+    import zhnlp
+    from safetensors.torch import load_file
+
+    zhnlp.distributed.init()
+    config = json.loads((root / "ok" / "config.json").read_text())
+    zhnlp.AutoModelForMaskedLM.from_config(config).save_pretrained(root / "fresh-tp1")
+    a = load_file(str(root / "fresh-tp1" / "model.safetensors"))
+    b = load_file(str(root / "out" / "fresh-tp2" / "model.safetensors"))
+    assert set(a) == set(b)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
 
 
 def test_two_torchrun_agents_on_loopback(checkpoints):

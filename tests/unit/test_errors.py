@@ -213,3 +213,17 @@ def test_layers_must_divide_into_stages():
 def test_sequence_parallel_needs_tp(ckpt):
     with pytest.raises(ValueError, match="sequence_parallel=True needs tensor parallelism"):
         zhnlp.AutoModel.from_pretrained(ckpt, sequence_parallel=True)
+
+
+def test_from_config_initialises_like_transformers():
+    """A fresh model: N(0, initializer_range) weights, zero biases, unit norms, zero padding rows."""
+    model = zhnlp.AutoModelForMaskedLM.from_config("ernie-3.0-nano-zh")
+    chunk = model.chunks[0]
+    word = chunk.embedding.word_embeddings.weight
+    assert word.shape == (40064, 312) and torch.all(word[40000:] == 0)
+    assert abs(word[:40000].std().item() - 0.02) < 1e-3
+    assert torch.all(chunk.encoder.layers[0].mlp.linear_fc1.bias == 0)
+    assert torch.all(chunk.encoder.layers[0].post_mlp_layernorm.weight == 1)
+    again = zhnlp.AutoModelForMaskedLM.from_config("ernie-3.0-nano-zh")
+    assert torch.equal(again.chunks[0].encoder.layers[3].self_attention.linear_qkv.weight,
+                       chunk.encoder.layers[3].self_attention.linear_qkv.weight)

@@ -73,7 +73,8 @@ class PretrainedModel(torch.nn.Module):
     def from_config(cls, family: Family, arch, head: str, seed: int = 1234, **run_options) -> "PretrainedModel":
         """A freshly initialised model (transformers' initialisation: N(0, initializer_range),
         zero biases, unit LayerNorm), identical for every layout and rank."""
-        model = cls(family, arch, head, run_options)
+        # megatron would initialise its layers itself and then be overwritten: skip that pass
+        model = cls(family, arch, head, {"perform_initialization": False, **run_options})
         for chunk in model.chunks:
             model._init_parameters(chunk, None, seed)
         return model
@@ -106,6 +107,7 @@ class PretrainedModel(torch.nn.Module):
         Seeded per parameter name so that the values do not depend on the layout or rank."""
         std = self.config.initializer_range
         names = engine.global_param_names(chunk)
+        dims = engine.split_dims(chunk)
         with torch.no_grad():
             for local, p in chunk.named_parameters():
                 name = names[local]
@@ -116,25 +118,17 @@ class PretrainedModel(torch.nn.Module):
                 elif "layernorm" in name:
                     p.fill_(1.0)
                 else:
-                    full = self._full_shape(p)
+                    # draw the full (unsplit) tensor, then keep this rank's shard of it
+                    dim, shape = dims[local], list(p.shape)
+                    if dim is not None:
+                        shape[dim] *= self.layout.tp
                     gen = torch.Generator().manual_seed(seed + _stable_hash(name))
-                    value = torch.empty(full, dtype=torch.float32).normal_(0.0, std, generator=gen)
+                    value = torch.empty(shape, dtype=torch.float32).normal_(0.0, std, generator=gen)
                     if name.endswith("word_embeddings.weight") or name == "output_layer.weight":
                         value[self.config.vocab_size:] = 0  # vocabulary padding rows
-                    p.copy_(self._my_shard(p, value))
-
-    def _full_shape(self, p):
-        dim = p.partition_dim if getattr(p, "tensor_model_parallel", False) else None
-        shape = list(p.shape)
-        if dim is not None:
-            shape[dim] *= self.layout.tp
-        return shape
-
-    def _my_shard(self, p, full):
-        if not getattr(p, "tensor_model_parallel", False):
-            return full
-        dim, size = p.partition_dim, p.shape[p.partition_dim]
-        return full.narrow(dim, self.layout.tp_rank * size, size)
+                    if dim is not None:
+                        value = value.narrow(dim, self.layout.tp_rank * p.shape[dim], p.shape[dim])
+                    p.copy_(value)
 
     # ------------------------------------------------------------------ forward
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, task_type_ids=None,
