@@ -1,0 +1,157 @@
+"""BERT-Chinese / ERNIE WordPiece tokenizer: a ``tokenizers`` pipeline built from ``vocab.txt``.
+
+The pipeline is the one BERT-Chinese and ERNIE were trained with: clean the text, put spaces
+around every CJK character (so each becomes its own token), lower-case and strip accents when
+the vocabulary is uncased, split on whitespace and punctuation, then greedy longest-match
+WordPiece with ``##`` continuations. It runs in Rust (the ``tokenizers`` library), and every
+normalisation step keeps an alignment, so offsets always point into the caller's string.
+
+The wrapper class is transformers' fast-tokenizer base, so ``tokenizer(text, pair, truncation=,
+max_length=, stride=, return_overflowing_tokens=, padding=, return_offsets_mapping=,
+return_tensors=)`` behaves exactly as ``transformers.BertTokenizerFast``. ``save_pretrained``
+writes ``vocab.txt``, ``tokenizer.json`` and a ``tokenizer_config.json`` that
+``transformers.AutoTokenizer`` loads with identical ids.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, processors
+from tokenizers.models import WordPiece
+from transformers import PreTrainedTokenizerFast
+
+SPECIAL_TOKENS = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]",
+                  "mask_token": "[MASK]"}
+
+# Full-width ASCII variants U+FF01..U+FF5E map one to one onto U+0021..U+007E. (U+3000, the
+# ideographic space, needs no rule: BertNormalizer already treats it as whitespace.)
+_FULLWIDTH = [(chr(0xFF01 + i), chr(0x21 + i)) for i in range(0x5E)]
+
+
+def read_vocab(path: str | os.PathLike) -> dict[str, int]:
+    """``vocab.txt`` (one token a line, the line number is the id) as ``{token: id}``."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"no vocabulary file at {path}; pass a directory holding vocab.txt "
+                                "(BERT/ERNIE WordPiece, one token per line).")
+    # Only the newline is stripped, as transformers does: a token may legitimately be a space-like
+    # character, and stripping more would shift every later id.
+    with open(path, encoding="utf-8") as f:
+        tokens = [line.rstrip("\n") for line in f]
+    vocab = {token: i for i, token in enumerate(tokens)}
+    missing = [t for t in SPECIAL_TOKENS.values() if t not in vocab]
+    if missing:
+        raise ValueError(f"{path} lacks the special tokens {missing}; a BERT/ERNIE WordPiece vocabulary needs "
+                         f"{list(SPECIAL_TOKENS.values())} (train one with `zhnlp tokenizer train-wordpiece`).")
+    return vocab
+
+
+def build_backend(vocab: dict[str, int], *, do_lower_case: bool = True, strip_accents: bool | None = None,
+                  tokenize_chinese_chars: bool = True, normalize_fullwidth: bool = False,
+                  cls_token: str = "[CLS]", sep_token: str = "[SEP]", unk_token: str = "[UNK]") -> Tokenizer:
+    """The Rust ``tokenizers.Tokenizer`` for a WordPiece vocabulary.
+
+    ``strip_accents=None`` follows ``do_lower_case`` (the original BERT rule). ``normalize_fullwidth``
+    maps full-width ASCII (``Ａ１，！``) to half-width before everything else; it is off by default
+    because BERT-Chinese was trained without it, so turning it on changes ids.
+    """
+    backend = Tokenizer(WordPiece(vocab, unk_token=unk_token))
+    bert = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=tokenize_chinese_chars,
+                                      strip_accents=strip_accents, lowercase=do_lower_case)
+    if normalize_fullwidth:
+        bert = normalizers.Sequence([normalizers.Replace(a, b) for a, b in _FULLWIDTH] + [bert])
+    backend.normalizer = bert
+    backend.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    backend.decoder = decoders.WordPiece(prefix="##")
+    backend.post_processor = processors.TemplateProcessing(
+        single=f"{cls_token}:0 $A:0 {sep_token}:0",
+        pair=f"{cls_token}:0 $A:0 {sep_token}:0 $B:1 {sep_token}:1",
+        special_tokens=[(cls_token, vocab[cls_token]), (sep_token, vocab[sep_token])])
+    return backend
+
+
+class WordPieceTokenizer(PreTrainedTokenizerFast):
+    """Fast BERT-Chinese / ERNIE tokenizer with the transformers call API.
+
+    Build one with :meth:`from_vocab` (or ``zhnlp.tokenizers.AutoTokenizer.from_pretrained``).
+    """
+
+    model_input_names = ["input_ids", "token_type_ids", "attention_mask"]
+
+    def __init__(self, *, tokenizer_object: Tokenizer, do_lower_case: bool = True, strip_accents: bool | None = None,
+                 tokenize_chinese_chars: bool = True, normalize_fullwidth: bool = False, **kwargs):
+        # Kept as attributes so save_pretrained writes them into tokenizer_config.json, where
+        # transformers' BertTokenizer reads them back to rebuild the same normaliser.
+        self.do_lower_case = do_lower_case
+        self.strip_accents = strip_accents
+        self.tokenize_chinese_chars = tokenize_chinese_chars
+        self.normalize_fullwidth = normalize_fullwidth
+        for key, value in SPECIAL_TOKENS.items():
+            kwargs.setdefault(key, value)
+        super().__init__(tokenizer_object=tokenizer_object, do_lower_case=do_lower_case, strip_accents=strip_accents,
+                         tokenize_chinese_chars=tokenize_chinese_chars, normalize_fullwidth=normalize_fullwidth,
+                         **kwargs)
+
+    @classmethod
+    def from_vocab(cls, vocab: str | os.PathLike | dict[str, int], *, do_lower_case: bool = True,
+                   strip_accents: bool | None = None, tokenize_chinese_chars: bool = True,
+                   normalize_fullwidth: bool = False, **kwargs) -> WordPieceTokenizer:
+        """A tokenizer for ``vocab`` (a ``vocab.txt`` path or a ``{token: id}`` dict).
+
+        Extra keyword arguments (``model_max_length``, ``padding_side``, ...) go to transformers'
+        tokenizer base class.
+        """
+        if not isinstance(vocab, dict):
+            vocab = read_vocab(vocab)
+        backend = build_backend(vocab, do_lower_case=do_lower_case, strip_accents=strip_accents,
+                                tokenize_chinese_chars=tokenize_chinese_chars,
+                                normalize_fullwidth=normalize_fullwidth,
+                                **{k: kwargs.get(k, SPECIAL_TOKENS[k]) for k in ("cls_token", "sep_token", "unk_token")})
+        return cls(tokenizer_object=backend, do_lower_case=do_lower_case, strip_accents=strip_accents,
+                   tokenize_chinese_chars=tokenize_chinese_chars, normalize_fullwidth=normalize_fullwidth, **kwargs)
+
+    def save_pretrained(self, save_directory: str | os.PathLike, **kwargs) -> tuple[str, ...]:
+        """Write ``vocab.txt``, ``tokenizer.json`` and ``tokenizer_config.json`` to ``save_directory``.
+
+        The config names ``BertTokenizer``, so ``transformers.AutoTokenizer`` rebuilds the same
+        pipeline. With ``normalize_fullwidth`` it names the generic fast tokenizer instead: that
+        one runs ``tokenizer.json`` verbatim (full-width rule included), which BertTokenizer would
+        rebuild without the rule.
+        """
+        files = super().save_pretrained(save_directory, **kwargs)
+        directory = Path(save_directory)
+        config_file = directory / "tokenizer_config.json"
+        config = json.loads(config_file.read_text(encoding="utf-8"))
+        config["tokenizer_class"] = "TokenizersBackend" if self.normalize_fullwidth else "BertTokenizer"
+        # The generic class would otherwise drop token_type_ids, which BERT/ERNIE models take.
+        config["model_input_names"] = list(self.model_input_names)
+        config_file.write_text(json.dumps(config, indent=2, sort_keys=True, ensure_ascii=False) + "\n",
+                               encoding="utf-8")
+        vocab_file = directory / "vocab.txt"
+        tokens = sorted(self.backend_tokenizer.get_vocab(with_added_tokens=False).items(), key=lambda kv: kv[1])
+        vocab_file.write_text("".join(f"{token}\n" for token, _ in tokens), encoding="utf-8")
+        return (*files, str(vocab_file))
+
+
+def wordpiece_config_flags(config: dict) -> dict:
+    """The normaliser switches a ``tokenizer_config.json`` sets, with BERT-Chinese defaults.
+
+    ``do_lower_case`` defaults to True: every released Chinese BERT/ERNIE vocabulary is uncased
+    (its Latin letters are lower-case only), so an uncased pipeline is the safe reading of a
+    config that does not say.
+    """
+    flags = {"do_lower_case": config.get("do_lower_case", True), "strip_accents": config.get("strip_accents"),
+             "tokenize_chinese_chars": config.get("tokenize_chinese_chars", True),
+             "normalize_fullwidth": config.get("normalize_fullwidth", False)}
+    for key in SPECIAL_TOKENS:
+        value = config.get(key)
+        if isinstance(value, dict):  # AddedToken serialised as {"content": ..., ...}
+            value = value.get("content")
+        if value is not None:
+            flags[key] = value
+    if isinstance(config.get("model_max_length"), int) and config["model_max_length"] < 10**9:
+        flags["model_max_length"] = config["model_max_length"]
+    return flags
