@@ -33,6 +33,13 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("models", help="list the model zoo (model_cards/)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_models)
+
+    from zhnlp.data import fetch, preprocess
+    from zhnlp.tokenizers import train
+
+    fetch.add_cli(sub)        # zhnlp data fetch NAME / zhnlp data list
+    train.add_cli(sub)        # zhnlp tokenizer train-wordpiece / train-sentencepiece
+    preprocess.add_cli(sub)   # zhnlp preprocess --input ... --output PREFIX --tokenizer ...
     return parser
 
 

@@ -1,0 +1,304 @@
+"""Corpus preprocessing: raw Chinese text -> megatron-core ``IndexedDataset`` of token ids.
+
+Input: jsonl (one document per line, text in a field, ``text`` by default) or plain text
+(one document per line). Each document is split into sentences; each sentence becomes one
+sequence of the indexed dataset and the document boundary is recorded, as megatron's BERT
+data expects (sentence pairs come from within a document).
+
+Output, for ``--output PREFIX``:
+
+* ``PREFIX.bin`` / ``PREFIX.idx``: token ids (no [CLS]/[SEP]; the datasets add them);
+* ``PREFIX_units.bin`` / ``PREFIX_units.idx``: side data aligned token for token: the
+  masking unit of every token (whole-word units from jieba segmentation; -1 = none), so
+  that Chinese whole-word masking knows which characters form one word;
+* ``PREFIX.json``: what was done (inputs, tokenizer, counts, bad lines, checksums).
+
+Bad input lines (invalid UTF-8, invalid JSON, a missing or non-string field, empty text) are
+counted and reported with their line numbers; ``on_error="skip"`` leaves them out, ``"fail"``
+stops before anything is written. Work is spread over worker processes in fixed-size chunks
+whose results are written in input order, so a re-run on the same input gives identical files.
+Files are written under temporary names and moved into place at the end.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import multiprocessing as mp
+import os
+import re
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from zhnlp.errors import ZhnlpError
+
+# Sentence ends: Chinese and Western terminal punctuation, optionally followed by closing quotes.
+_SENTENCE_END = re.compile(r"[^。！？!?；;…\n]*(?:[。！？!?；;…]+[”’」』）)]*|\n|$)")
+_CHUNK_LINES = 256
+
+
+class PreprocessError(ZhnlpError, ValueError):
+    """Input that cannot be preprocessed as asked."""
+
+
+@dataclass
+class PreprocessReport:
+    """Counts of one run; written to ``PREFIX.json``."""
+
+    documents: int = 0
+    sentences: int = 0
+    tokens: int = 0
+    input_bytes: int = 0
+    bad_lines: dict = field(default_factory=dict)  # reason -> [line numbers]
+    seconds: float = 0.0
+    workers: int = 1
+
+    @property
+    def bad_count(self) -> int:
+        return sum(len(v) for v in self.bad_lines.values())
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.input_bytes / 1e6 / max(self.seconds, 1e-9)
+
+    def summary(self) -> str:
+        lines = [f"{self.documents:,} documents, {self.sentences:,} sentences, {self.tokens:,} tokens from "
+                 f"{self.input_bytes / 1e6:.1f} MB in {self.seconds:.1f}s: {self.mb_per_s:.2f} MB/s "
+                 f"({self.mb_per_s / self.workers:.2f} MB/s per worker, {self.workers} workers)"]
+        for reason, numbers in sorted(self.bad_lines.items()):
+            shown = ", ".join(map(str, numbers[:10])) + (" ..." if len(numbers) > 10 else "")
+            lines.append(f"  {len(numbers)} line(s) {reason}: line {shown}")
+        return "\n".join(lines)
+
+
+def split_sentences(text: str) -> list[str]:
+    """Split a document after sentence-final punctuation and at newlines; drop blank pieces."""
+    return [m.group(0).strip() for m in _SENTENCE_END.finditer(text) if m.group(0).strip()]
+
+
+def parse_line(raw: bytes, fmt: str, field_name: str) -> tuple[str | None, str | None]:
+    """(text, None) or (None, reason) for one input line."""
+    try:
+        line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        return None, f"are not valid UTF-8 (byte {e.start})"
+    line = line.rstrip("\r\n")
+    if fmt == "jsonl":
+        if not line.strip():
+            return None, "are empty"
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            return None, "are not valid JSON"
+        if not isinstance(obj, dict) or field_name not in obj:
+            return None, f"have no {field_name!r} field"
+        text = obj[field_name]
+        if not isinstance(text, str):
+            return None, f"have a {field_name!r} field that is not a string"
+    else:
+        text = line
+    if not text.strip():
+        return None, "are empty"
+    return text, None
+
+
+# ------------------------------------------------------------------------------ workers
+_STATE: dict = {}
+
+
+def _init_worker(tokenizer: str, masking: bool) -> None:
+    from zhnlp.tokenizers import AutoTokenizer
+
+    _STATE["tokenizer"] = AutoTokenizer.from_pretrained(tokenizer)
+    if masking:
+        from zhnlp.tokenizers.masking import whole_word_unit_ids
+        from zhnlp.tokenizers.segment import Segmenter
+
+        _STATE["segmenter"] = Segmenter()
+        _STATE["units"] = whole_word_unit_ids
+    _STATE["masking"] = masking
+
+
+def _encode_document(text: str) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    tok = _STATE["tokenizer"]
+    ids, units = [], []
+    for sentence in split_sentences(text):
+        enc = tok(sentence, add_special_tokens=False, return_offsets_mapping=_STATE["masking"])
+        if not enc["input_ids"]:
+            continue
+        ids.append(np.asarray(enc["input_ids"], dtype=np.int32))
+        if _STATE["masking"]:
+            units.append(np.asarray(_STATE["units"](sentence, enc["offset_mapping"], _STATE["segmenter"]),
+                                    dtype=np.int32))
+        else:
+            units.append(np.full(len(enc["input_ids"]), -1, dtype=np.int32))
+    return ids, units
+
+
+def _process_chunk(args):
+    """(first line number, raw lines, format, field) -> documents and bad lines, in order."""
+    first, lines, fmt, field_name = args
+    docs, bad = [], []
+    for offset, raw in enumerate(lines):
+        text, reason = parse_line(raw, fmt, field_name)
+        if reason is not None:
+            bad.append((first + offset, reason))
+            continue
+        ids, units = _encode_document(text)
+        if ids:
+            docs.append((ids, units))
+        else:
+            bad.append((first + offset, "have no tokens after normalisation"))
+    return docs, bad, sum(len(x) for x in lines)
+
+
+def _chunks(paths: list[Path], fmt: str, field_name: str):
+    for path in paths:
+        line_fmt = fmt if fmt != "auto" else ("jsonl" if path.suffix in (".jsonl", ".json") else "text")
+        with open(path, "rb") as f:
+            buf, first = [], 1
+            for number, raw in enumerate(f, start=1):
+                buf.append(raw)
+                if len(buf) == _CHUNK_LINES:
+                    yield first, buf, line_fmt, field_name
+                    buf, first = [], number + 1
+            if buf:
+                yield first, buf, line_fmt, field_name
+
+
+# ------------------------------------------------------------------------------ driver
+def preprocess(inputs: list[str | Path], output_prefix: str | Path, tokenizer: str, *, fmt: str = "auto",
+               field_name: str = "text", workers: int = 1, on_error: str = "skip", masking: bool = True,
+               progress: bool = True) -> PreprocessReport:
+    """Tokenise ``inputs`` into ``output_prefix``.{bin,idx} (+ ``_units`` side data and ``.json``).
+
+    Args:
+        inputs: jsonl or plain-text files.
+        output_prefix: path prefix of the outputs.
+        tokenizer: name or directory for :func:`zhnlp.AutoTokenizer.from_pretrained`.
+        fmt: ``jsonl``, ``text`` or ``auto`` (by file suffix).
+        field_name: the jsonl field holding the text.
+        workers: worker processes.
+        on_error: ``skip`` bad lines (reported) or ``fail`` on the first run that has any.
+        masking: compute whole-word masking units (jieba) as side data.
+    """
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    paths = [Path(p) for p in inputs]
+    missing = [str(p) for p in paths if not p.is_file()]
+    if missing:
+        raise PreprocessError(f"input files not found: {missing}")
+    if on_error not in ("skip", "fail"):
+        raise PreprocessError(f"on_error must be 'skip' or 'fail', not {on_error!r}")
+    if fmt not in ("auto", "jsonl", "text"):
+        raise PreprocessError(f"fmt must be 'auto', 'jsonl' or 'text', not {fmt!r}")
+    prefix = Path(output_prefix)
+    prefix.parent.mkdir(parents=True, exist_ok=True)
+    total_bytes = sum(p.stat().st_size for p in paths)
+    report = PreprocessReport(workers=workers)
+    tmp = {k: prefix.with_name(f"{prefix.name}{k}.tmp{os.getpid()}") for k in ("", "_units")}
+    builders = {k: IndexedDatasetBuilder(str(v) + ".bin", dtype=np.int32) for k, v in tmp.items()}
+    start = time.perf_counter()
+    bar = _progress(total_bytes, progress)
+    try:
+        if workers > 1:
+            # spawn: the workers must not inherit torch/megatron state (threads, process groups)
+            pool = mp.get_context("spawn").Pool(workers, initializer=_init_worker, initargs=(tokenizer, masking))
+            results = pool.imap(_process_chunk, _chunks(paths, fmt, field_name))
+        else:
+            pool = None
+            _init_worker(tokenizer, masking)
+            results = map(_process_chunk, _chunks(paths, fmt, field_name))
+        for docs, bad, nbytes in results:
+            for line, reason in bad:
+                report.bad_lines.setdefault(reason, []).append(line)
+            if bad and on_error == "fail":
+                raise PreprocessError("bad input lines (on_error='fail'): "
+                                      + report.summary().split("\n", 1)[1].strip())
+            for ids, units in docs:
+                for seq_ids, seq_units in zip(ids, units):
+                    builders[""].add_item(_tensor(seq_ids))
+                    builders["_units"].add_item(_tensor(seq_units))
+                    report.tokens += len(seq_ids)
+                report.sentences += len(ids)
+                report.documents += 1
+                builders[""].end_document()
+                builders["_units"].end_document()
+            report.input_bytes += nbytes
+            bar.update(nbytes)
+        if pool is not None:
+            pool.close()
+            pool.join()
+    except BaseException:
+        for k, v in tmp.items():
+            builders[k].data_file.close()
+            for suffix in (".bin", ".idx"):
+                Path(str(v) + suffix).unlink(missing_ok=True)
+        raise
+    finally:
+        bar.close()
+    for k, v in tmp.items():
+        builders[k].finalize(str(v) + ".idx")
+    report.seconds = time.perf_counter() - start
+    checksums = {}
+    for k, v in tmp.items():
+        for suffix in (".bin", ".idx"):
+            final = Path(f"{prefix}{k}{suffix}")
+            os.replace(str(v) + suffix, final)
+            checksums[f"{k}{suffix}"] = hashlib.sha256(final.read_bytes()).hexdigest()
+    counts = {k: v for k, v in asdict(report).items() if k not in ("seconds", "workers")}  # reproducible
+    meta = {"inputs": [str(p) for p in paths], "tokenizer": tokenizer, "format": fmt, "field": field_name,
+            "masking": "whole_word" if masking else None, "counts": counts, "sha256": checksums}
+    Path(f"{prefix}.json").write_text(json.dumps(meta, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+    return report
+
+
+def _tensor(array: np.ndarray):
+    import torch
+
+    return torch.from_numpy(array)
+
+
+class _NoBar:
+    def update(self, n):
+        pass
+
+    def close(self):
+        pass
+
+
+def _progress(total: int, enabled: bool):
+    if not enabled:
+        return _NoBar()
+    from tqdm import tqdm
+
+    return tqdm(total=total, unit="B", unit_scale=True, desc="preprocess")
+
+
+def add_cli(subparsers) -> None:
+    """``zhnlp preprocess``: see this module's docstring."""
+    p = subparsers.add_parser("preprocess", help="tokenise a corpus into a megatron indexed dataset",
+                              description=__doc__.split("\n\n")[0])
+    p.add_argument("--input", nargs="+", required=True, help="jsonl or plain-text files")
+    p.add_argument("--output", required=True, help="output prefix (PREFIX.bin/.idx, PREFIX_units.*, PREFIX.json)")
+    p.add_argument("--tokenizer", required=True, help="tokenizer name or directory holding vocab.txt")
+    p.add_argument("--format", choices=["auto", "jsonl", "text"], default="auto")
+    p.add_argument("--field", default="text", help="jsonl field holding the text")
+    p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 1)))
+    p.add_argument("--on-error", choices=["skip", "fail"], default="skip",
+                   help="bad lines: leave them out (reported) or stop")
+    p.add_argument("--no-masking", action="store_true", help="skip whole-word units (no jieba)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=_run_cli)
+
+
+def _run_cli(args) -> int:
+    report = preprocess(args.input, args.output, args.tokenizer, fmt=args.format, field_name=args.field,
+                        workers=args.workers, on_error=args.on_error, masking=not args.no_masking,
+                        progress=not args.quiet)
+    print(report.summary())
+    print(f"wrote {args.output}.bin/.idx, {args.output}_units.bin/.idx, {args.output}.json")
+    return 0
