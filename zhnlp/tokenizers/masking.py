@@ -37,8 +37,15 @@ def whole_word_units(text: str, offsets: Offsets, segmenter) -> list[Unit]:
 
 
 def whole_word_unit_ids(text: str, offsets: Offsets, segmenter) -> np.ndarray:
-    """:func:`whole_word_units` as per-token int32 unit ids (-1 for special tokens), ready to store."""
-    return units_to_ids(whole_word_units(text, offsets, segmenter), len(offsets))
+    """:func:`whole_word_units` as per-token int32 unit ids (-1 for special tokens), ready to store.
+
+    Computed without building the unit lists (the corpus preprocessor calls this per sentence):
+    units are numbered in text order, exactly as ``units_to_ids(whole_word_units(...))``."""
+    owner = _owners(text, offsets, segmenter.spans(text))
+    ids = np.full(len(owner), -1, dtype=np.int32)
+    real = owner >= 0
+    ids[real] = np.unique(owner[real], return_inverse=True)[1]
+    return ids
 
 
 def phrase_units(text: str, offsets: Offsets, segmenter, phrases: Collection[str] | None = None) -> list[Unit]:
@@ -155,6 +162,16 @@ def _token_bounds(text: str, offsets: Offsets) -> tuple[np.ndarray, np.ndarray]:
 
 def _units_by_start(text: str, offsets: Offsets, spans: Sequence[tuple[int, int]]) -> list[Unit]:
     """Group tokens by the span (of ``spans``, which tile the text) in which each token starts."""
+    owner = _owners(text, offsets, spans)
+    units: dict[int, Unit] = {}
+    for token, span in enumerate(owner.tolist()):
+        if span >= 0:
+            units.setdefault(span, []).append(token)
+    return sorted(units.values())
+
+
+def _owners(text: str, offsets: Offsets, spans: Sequence[tuple[int, int]]) -> np.ndarray:
+    """Per token, the index of the span it starts in (-1 for special tokens)."""
     starts, ends = _token_bounds(text, offsets)
     span_of_char = np.full(len(text), -1, dtype=np.int64)  # (len(text),) index of the span covering each char
     for i, (start, end) in enumerate(spans):
@@ -165,11 +182,7 @@ def _units_by_start(text: str, offsets: Offsets, spans: Sequence[tuple[int, int]
     if (owner[real] < 0).any():
         raise ValueError("the segmenter's spans do not cover every token start; a segmenter must tile the text "
                          "(Segmenter.spans does)")
-    units: dict[int, Unit] = {}
-    for token, span in enumerate(owner.tolist()):
-        if span >= 0:
-            units.setdefault(span, []).append(token)
-    return sorted(units.values())
+    return owner
 
 
 def _merge_phrases(text: str, words: list[tuple[int, int]], phrases: Collection[str]) -> list[tuple[int, int]]:
