@@ -88,3 +88,27 @@ def test_reruns_and_worker_counts_give_identical_files(tmp_path, corpus, vocab_d
 def test_missing_input(tmp_path, vocab_dir):
     with pytest.raises(PreprocessError, match="input files not found"):
         preprocess([tmp_path / "nope.jsonl"], tmp_path / "out", str(vocab_dir), progress=False)
+
+
+def test_entity_spans_become_single_units(tmp_path, vocab_dir):
+    """ERNIE entity masking: supplied person/place spans are one unit each, even across jieba words."""
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    text = "今天张三丰去了北京大学。他很高兴。"
+    entities = [{"start": 2, "end": 5}, {"start": 7, "end": 11}]  # 张三丰, 北京大学
+    path = tmp_path / "e.jsonl"
+    path.write_text(json.dumps({"text": text, "entities": entities}, ensure_ascii=False) + "\n", encoding="utf-8")
+    preprocess([path], tmp_path / "out", str(vocab_dir), entities_field="entities", progress=False)
+    side = IndexedDataset(str(tmp_path / "out_units"))  # keep it open: items are views of its mmap
+    units = np.array(side[0])
+    assert len(set(units[2:5])) == 1 and len(set(units[7:11])) == 1  # one character per token here
+    assert units[2] != units[1] and units[5] != units[4] and units[7] != units[6]
+    meta = json.loads((tmp_path / "out.json").read_text())
+    assert meta["masking"] == "entity+word"
+
+
+def test_bad_entity_spans_are_reported(tmp_path, vocab_dir):
+    path = tmp_path / "e.jsonl"
+    path.write_text(json.dumps({"text": "北京", "entities": [{"start": 0, "end": 9}]}) + "\n")
+    report = preprocess([path], tmp_path / "out", str(vocab_dir), entities_field="entities", progress=False)
+    assert report.bad_lines == {"have 'entities' spans outside the text": [1]}

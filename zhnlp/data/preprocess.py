@@ -74,13 +74,26 @@ class PreprocessReport:
         return "\n".join(lines)
 
 
+def sentence_spans(text: str) -> list[tuple[int, int]]:
+    """``(start, end)`` of each sentence: split after sentence-final punctuation and at newlines,
+    surrounding whitespace left out, blank pieces dropped."""
+    spans = []
+    for m in _SENTENCE_END.finditer(text):
+        piece = m.group(0)
+        if piece.strip():
+            start = m.start() + len(piece) - len(piece.lstrip())
+            spans.append((start, start + len(piece.strip())))
+    return spans
+
+
 def split_sentences(text: str) -> list[str]:
-    """Split a document after sentence-final punctuation and at newlines; drop blank pieces."""
-    return [m.group(0).strip() for m in _SENTENCE_END.finditer(text) if m.group(0).strip()]
+    """The sentences of :func:`sentence_spans` as strings."""
+    return [text[a:b] for a, b in sentence_spans(text)]
 
 
-def parse_line(raw: bytes, fmt: str, field_name: str) -> tuple[str | None, str | None]:
-    """(text, None) or (None, reason) for one input line."""
+def parse_line(raw: bytes, fmt: str, field_name: str, entities_field: str | None = None):
+    """``((text, entity spans), None)`` or ``(None, reason)`` for one input line. Entity spans come
+    from ``entities_field`` of a jsonl line: a list of ``{"start": i, "end": j}`` character spans."""
     try:
         line = raw.decode("utf-8")
     except UnicodeDecodeError as e:
@@ -99,46 +112,68 @@ def parse_line(raw: bytes, fmt: str, field_name: str) -> tuple[str | None, str |
         if not isinstance(text, str):
             return None, f"have a {field_name!r} field that is not a string"
     else:
-        text = line
+        text, obj = line, {}
     if not text.strip():
         return None, "are empty"
-    return text, None
+    spans = []
+    if entities_field:
+        entities = obj.get(entities_field, [])
+        try:
+            spans = [(int(e["start"]), int(e["end"])) for e in entities]
+        except (TypeError, KeyError, ValueError):
+            return None, f"have a {entities_field!r} field that is not a list of {{start, end}} spans"
+        if any(not 0 <= a < b <= len(text) for a, b in spans):
+            return None, f"have {entities_field!r} spans outside the text"
+    return (text, spans), None
 
 
 # ------------------------------------------------------------------------------ workers
 _STATE: dict = {}
 
 
-def _init_worker(tokenizer: str, masking: bool) -> None:
+def _init_worker(tokenizer: str, masking: bool, phrases: list[str] | None = None) -> None:
     from zhnlp.tokenizers import AutoTokenizer
 
     _STATE["tokenizer"] = AutoTokenizer.from_pretrained(tokenizer)
     if masking:
-        from zhnlp.tokenizers.masking import whole_word_unit_ids
         from zhnlp.tokenizers.segment import Segmenter
 
         _STATE["segmenter"] = Segmenter()
-        _STATE["units"] = whole_word_unit_ids
     _STATE["masking"] = masking
+    _STATE["phrases"] = set(phrases) if phrases else None
 
 
-def _encode_documents(texts: list[str]) -> list[tuple[list[np.ndarray], list[np.ndarray]]]:
-    """Token ids and unit ids of every sentence of every document, tokenised in one batch
-    (the Rust tokenizer's batch call avoids per-sentence Python overhead)."""
-    sentences = [split_sentences(t) for t in texts]
-    flat = [s for doc in sentences for s in doc]
+def _unit_ids(sentence: str, offsets, entities: list[tuple[int, int]]) -> np.ndarray:
+    """Whole-word units; phrases of the phrase dictionary and entity spans as single units."""
+    from zhnlp.tokenizers import masking as M
+
+    seg = _STATE["segmenter"]
+    if not entities and not _STATE["phrases"]:
+        return M.whole_word_unit_ids(sentence, offsets, seg)
+    units = M.phrase_units(sentence, offsets, seg, _STATE["phrases"])
+    if entities:
+        units = M.combine_units(M.entity_units(sentence, offsets, entities), units)
+    return M.units_to_ids(units, len(offsets))
+
+
+def _encode_documents(docs: list[tuple[str, list]]) -> list[tuple[list[np.ndarray], list[np.ndarray]]]:
+    """Token ids and unit ids of every sentence of every ``(text, entity spans)`` document,
+    tokenised in one batch (the Rust tokenizer's batch call avoids per-sentence Python overhead)."""
+    spans = [sentence_spans(text) for text, _ in docs]
+    flat = [text[a:b] for (text, _), doc in zip(docs, spans) for a, b in doc]
     encodings = _STATE["tokenizer"].backend_tokenizer.encode_batch(flat, add_special_tokens=False)
     out, i = [], 0
-    for doc in sentences:
+    for (text, entities), doc in zip(docs, spans):
         ids, units = [], []
-        for sentence in doc:
+        for a, b in doc:
             enc = encodings[i]
             i += 1
             if not enc.ids:
                 continue
             ids.append(np.asarray(enc.ids, dtype=np.int32))
             if _STATE["masking"]:
-                units.append(_STATE["units"](sentence, enc.offsets, _STATE["segmenter"]))
+                inside = [(s - a, e - a) for s, e in entities if a <= s and e <= b]  # entities of this sentence
+                units.append(_unit_ids(text[a:b], enc.offsets, inside))
             else:
                 units.append(np.full(len(enc.ids), -1, dtype=np.int32))
         out.append((ids, units))
@@ -147,10 +182,10 @@ def _encode_documents(texts: list[str]) -> list[tuple[list[np.ndarray], list[np.
 
 def _process_chunk(args):
     """(first line number, raw lines, format, field) -> documents and bad lines, in order."""
-    first, lines, fmt, field_name = args
+    first, lines, fmt, field_name, entities_field = args
     texts, numbers, bad = [], [], []
     for offset, raw in enumerate(lines):
-        text, reason = parse_line(raw, fmt, field_name)
+        text, reason = parse_line(raw, fmt, field_name, entities_field)
         if reason is None:
             texts.append(text)
             numbers.append(first + offset)
@@ -166,7 +201,7 @@ def _process_chunk(args):
     return docs, bad, sum(len(x) for x in lines)
 
 
-def _chunks(paths: list[Path], fmt: str, field_name: str):
+def _chunks(paths: list[Path], fmt: str, field_name: str, entities_field: str | None):
     for path in paths:
         line_fmt = fmt if fmt != "auto" else ("jsonl" if path.suffix in (".jsonl", ".json") else "text")
         with open(path, "rb") as f:
@@ -174,15 +209,16 @@ def _chunks(paths: list[Path], fmt: str, field_name: str):
             for number, raw in enumerate(f, start=1):
                 buf.append(raw)
                 if len(buf) == _CHUNK_LINES:
-                    yield first, buf, line_fmt, field_name
+                    yield first, buf, line_fmt, field_name, entities_field
                     buf, first = [], number + 1
             if buf:
-                yield first, buf, line_fmt, field_name
+                yield first, buf, line_fmt, field_name, entities_field
 
 
 # ------------------------------------------------------------------------------ driver
 def preprocess(inputs: list[str | Path], output_prefix: str | Path, tokenizer: str, *, fmt: str = "auto",
                field_name: str = "text", workers: int = 1, on_error: str = "skip", masking: bool = True,
+               entities_field: str | None = None, phrases: list[str] | None = None,
                progress: bool = True) -> PreprocessReport:
     """Tokenise ``inputs`` into ``output_prefix``.{bin,idx} (+ ``_units`` side data and ``.json``).
 
@@ -194,7 +230,11 @@ def preprocess(inputs: list[str | Path], output_prefix: str | Path, tokenizer: s
         field_name: the jsonl field holding the text.
         workers: worker processes.
         on_error: ``skip`` bad lines (reported) or ``fail`` on the first run that has any.
-        masking: compute whole-word masking units (jieba) as side data.
+        masking: compute masking units as side data: jieba words (Chinese whole-word masking),
+            and, for ERNIE's knowledge masking, phrases and entities as single units.
+        entities_field: jsonl field with entity spans ``[{"start", "end"}, ...]`` per document
+            (e.g. ``zhnlp data fetch peoples-daily-1998``'s ``entities.jsonl``).
+        phrases: multi-word phrases to mask as one unit where jieba's words form them.
     """
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
@@ -217,12 +257,13 @@ def preprocess(inputs: list[str | Path], output_prefix: str | Path, tokenizer: s
     try:
         if workers > 1:
             # spawn: the workers must not inherit torch/megatron state (threads, process groups)
-            pool = mp.get_context("spawn").Pool(workers, initializer=_init_worker, initargs=(tokenizer, masking))
-            results = pool.imap(_process_chunk, _chunks(paths, fmt, field_name))
+            pool = mp.get_context("spawn").Pool(workers, initializer=_init_worker,
+                                                initargs=(tokenizer, masking, phrases))
+            results = pool.imap(_process_chunk, _chunks(paths, fmt, field_name, entities_field))
         else:
             pool = None
-            _init_worker(tokenizer, masking)
-            results = map(_process_chunk, _chunks(paths, fmt, field_name))
+            _init_worker(tokenizer, masking, phrases)
+            results = map(_process_chunk, _chunks(paths, fmt, field_name, entities_field))
         for docs, bad, nbytes in results:
             for line, reason in bad:
                 report.bad_lines.setdefault(reason, []).append(line)
@@ -262,7 +303,8 @@ def preprocess(inputs: list[str | Path], output_prefix: str | Path, tokenizer: s
             checksums[f"{k}{suffix}"] = hashlib.sha256(final.read_bytes()).hexdigest()
     counts = {k: v for k, v in asdict(report).items() if k not in ("seconds", "workers")}  # reproducible
     meta = {"inputs": [str(p) for p in paths], "tokenizer": tokenizer, "format": fmt, "field": field_name,
-            "masking": "whole_word" if masking else None, "counts": counts, "sha256": checksums}
+            "masking": (("entity+" if entities_field else "") + ("phrase+" if phrases else "") + "word")
+            if masking else None, "counts": counts, "sha256": checksums}
     Path(f"{prefix}.json").write_text(json.dumps(meta, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
     return report
 
@@ -302,14 +344,19 @@ def add_cli(subparsers) -> None:
     p.add_argument("--on-error", choices=["skip", "fail"], default="skip",
                    help="bad lines: leave them out (reported) or stop")
     p.add_argument("--no-masking", action="store_true", help="skip whole-word units (no jieba)")
+    p.add_argument("--entities-field", help="jsonl field of entity spans to mask as units (ERNIE entity masking)")
+    p.add_argument("--phrases", help="file of phrases, one per line, to mask as units (ERNIE phrase masking)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=_run_cli)
 
 
 def _run_cli(args) -> int:
+    phrases = None
+    if args.phrases:
+        phrases = [p.strip() for p in Path(args.phrases).read_text(encoding="utf-8").splitlines() if p.strip()]
     report = preprocess(args.input, args.output, args.tokenizer, fmt=args.format, field_name=args.field,
                         workers=args.workers, on_error=args.on_error, masking=not args.no_masking,
-                        progress=not args.quiet)
+                        entities_field=args.entities_field, phrases=phrases, progress=not args.quiet)
     print(report.summary())
     print(f"wrote {args.output}.bin/.idx, {args.output}_units.bin/.idx, {args.output}.json")
     return 0
