@@ -100,3 +100,42 @@ def test_sentence_pairs(corpus):
 def test_too_short_sequences_are_refused(corpus):
     with pytest.raises(Exception, match="seq_length=4 is too short"):
         MaskedLMDataset(corpus, SPECIAL, seq_length=4)
+
+
+def test_end_to_end_entities_are_masked_whole(tmp_path):
+    """preprocess (real vocab, jieba, entity spans) -> samples: an entity is masked all or nothing."""
+    import json
+    import shutil
+    from pathlib import Path
+
+    from zhnlp.data.preprocess import preprocess
+    from zhnlp.tokenizers import AutoTokenizer
+
+    vocab = tmp_path / "vocab"
+    vocab.mkdir()
+    shutil.copy(Path(__file__).resolve().parent.parent / "assets" / "bert-base-chinese-vocab.txt", vocab / "vocab.txt")
+    text = "北京大学的张三丰教授今天访问了上海交通大学。他们讨论了人工智能的发展。" * 2
+    spans = [(0, 4), (5, 8), (15, 21)]
+    rows = [{"text": text, "entities": [{"start": a + k * 35, "end": b + k * 35} for a, b in spans]}
+            for k in range(2)]
+    path = tmp_path / "c.jsonl"
+    path.write_text("\n".join(json.dumps(r, ensure_ascii=False) for r in rows * 30) + "\n", encoding="utf-8")
+    preprocess([path], tmp_path / "pd", str(vocab), entities_field="entities", progress=False)
+    tok = AutoTokenizer.from_pretrained(str(vocab))
+    special = SpecialTokens.from_tokenizer(tok)
+    assert special.first_regular == 104
+    ds = MaskedLMDataset(tmp_path / "pd", special, seq_length=64, mask_prob=0.3, seed=0)
+    whole = found = 0
+    for i in range(len(ds)):
+        s = ds[i]
+        original = np.where(s["labels"] != -100, s["labels"], s["input_ids"]).tolist()
+        chosen = (s["labels"] != -100).tolist()
+        for name in ("北京大学", "张三丰", "上海交通大学"):
+            ids = tok.convert_tokens_to_ids(list(name))
+            for start in range(len(original) - len(ids) + 1):
+                if original[start:start + len(ids)] == ids:
+                    found += 1
+                    picked = chosen[start:start + len(ids)]
+                    assert all(picked) or not any(picked), f"{name} partly masked in sample {i}"
+                    whole += all(picked)
+    assert found > 50 and whole > 0

@@ -34,15 +34,15 @@ class SpecialTokens:
     mask: int
     pad: int
     vocab_size: int
-    first_regular: int = 106  # random replacements are drawn from [first_regular, vocab_size)
+    first_regular: int = 104  # random replacements are drawn from [first_regular, vocab_size)
 
     @classmethod
     def from_tokenizer(cls, tokenizer) -> "SpecialTokens":
-        vocab = tokenizer.get_vocab()
-        specials = set(tokenizer.all_special_ids)
-        regular = [i for i in range(len(vocab)) if i not in specials]
+        """From a zhnlp/transformers tokenizer. Random replacements come from the ids after the
+        last special token (BERT-Chinese: 104 on, leaving out [unused*] and the specials)."""
         return cls(cls=tokenizer.cls_token_id, sep=tokenizer.sep_token_id, mask=tokenizer.mask_token_id,
-                   pad=tokenizer.pad_token_id, vocab_size=len(vocab), first_regular=min(regular))
+                   pad=tokenizer.pad_token_id, vocab_size=len(tokenizer.get_vocab()),
+                   first_regular=max(tokenizer.all_special_ids) + 1)
 
 
 class MaskedLMDataset:
