@@ -11,6 +11,7 @@ covering the awkward cases.
 from __future__ import annotations
 
 import json
+import pickle
 import shutil
 import unicodedata
 
@@ -202,7 +203,27 @@ def test_fullwidth_normalisation_keeps_offsets_and_survives_saving(vocab_dir, tm
     assert AutoTokenizer.from_pretrained(tmp_path).normalize_fullwidth
 
 
+def test_tokenizer_json_without_vocab_txt(ours, tmp_path):
+    ours.save_pretrained(tmp_path)
+    (tmp_path / "vocab.txt").unlink()  # some hub repos ship only tokenizer.json
+    again = AutoTokenizer.from_pretrained(tmp_path)
+    assert isinstance(again, WordPieceTokenizer)
+    _same(again(HANDWRITTEN, return_offsets_mapping=True), ours(HANDWRITTEN, return_offsets_mapping=True))
+
+
+def test_pickles_for_multiprocess_data_loading(vocab_dir):
+    tok = AutoTokenizer.from_pretrained(vocab_dir, normalize_fullwidth=True)
+    again = pickle.loads(pickle.dumps(tok))
+    assert again.normalize_fullwidth and again(HANDWRITTEN) == tok(HANDWRITTEN)
+
+
 # ---------------------------------------------------------------- names, hub, errors
+def test_vocab_without_special_tokens_names_them(tmp_path):
+    (tmp_path / "vocab.txt").write_text("[PAD]\n[UNK]\n你\n好\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"lacks the special tokens \['\[CLS\]', '\[SEP\]', '\[MASK\]'\]"):
+        AutoTokenizer.from_pretrained(tmp_path)
+
+
 def test_model_name_goes_through_hub_resolve(vocab_dir, monkeypatch):
     asked = []
 
@@ -236,24 +257,27 @@ def corpus(tmp_path_factory):
     return file
 
 
-@pytest.mark.parametrize("model_type", ["unigram", "bpe"])
-def test_sentencepiece_train_save_load(corpus, tmp_path, model_type):
+@pytest.mark.parametrize("model_type,byte_fallback", [("unigram", False), ("bpe", False), ("unigram", True)])
+def test_sentencepiece_train_save_load(corpus, tmp_path, model_type, byte_fallback):
     # Without CMRC the handwritten corpus is tiny: few pieces, and only 98% of its characters kept.
-    vocab_size, coverage = (5000, 0.9995) if CONTEXTS else (240, 0.98)
+    vocab_size, coverage = (5000, 0.9995) if CONTEXTS else (240 + 256 * byte_fallback, 0.98)
     tok = train_sentencepiece([corpus], tmp_path, vocab_size=vocab_size, model_type=model_type,
-                              character_coverage=coverage)
+                              character_coverage=coverage, byte_fallback=byte_fallback)
     assert len(tok) == vocab_size
     assert [tok.pad_token_id, tok.unk_token_id, tok.cls_token_id, tok.sep_token_id, tok.mask_token_id] == [0, 1, 2, 3, 4]
     proc = spm.SentencePieceProcessor(model_file=str(tmp_path / MODEL_FILE))
     texts = [t for t in HANDWRITTEN if "[" not in t] + CONTEXTS[:100] + [q for q, _ in QA_PAIRS[:200]]
     for text in texts:  # the fast pipeline is SentencePiece itself
-        assert tok(text, add_special_tokens=False)["input_ids"] == proc.encode(text), text
+        ids = proc.encode(text)
+        assert tok(text, add_special_tokens=False)["input_ids"] == ids, text
+        if byte_fallback:  # (without it SentencePiece writes an unknown piece as " ⁇ ", we as "[UNK]")
+            assert tok.decode(ids) == proc.decode(ids), text
     theirs = transformers.AutoTokenizer.from_pretrained(tmp_path)
     again = AutoTokenizer.from_pretrained(tmp_path)
     kw = dict(return_offsets_mapping=True, truncation="only_second", max_length=64, stride=16,
               return_overflowing_tokens=True, padding=True)
     # Questions short enough to leave room for a context window longer than the stride.
-    questions = [t for t in texts if len(t) < 30]
+    questions = [t for t in texts if len(tok(t, add_special_tokens=False)["input_ids"]) < 40]
     contexts = ([c for c in CONTEXTS[:100]] or HANDWRITTEN * 3)[: len(questions)]
     questions = questions[: len(contexts)]
     _same(theirs(questions, contexts, **kw), tok(questions, contexts, **kw))

@@ -46,6 +46,14 @@ def _read_config(directory: Path) -> dict:
                          "defaults).") from None
 
 
+def _wordpiece_json_vocab(tokenizer_json: Path) -> dict[str, int] | None:
+    """The WordPiece vocabulary inside a ``tokenizer.json`` (for repos that ship no vocab.txt), else None."""
+    if not tokenizer_json.is_file():
+        return None
+    model = json.loads(tokenizer_json.read_text(encoding="utf-8")).get("model", {})
+    return model["vocab"] if model.get("type") == "WordPiece" else None
+
+
 class AutoTokenizer:
     """Load the fast tokenizer of a checkpoint directory, model name or hub repo id."""
 
@@ -63,11 +71,10 @@ class AutoTokenizer:
         tokenizer_class = config.get("tokenizer_class")
         vocab_txt = directory / "vocab.txt"
         tokenizer_json = directory / "tokenizer.json"
-        wordpiece = vocab_txt.is_file() and (tokenizer_class in WORDPIECE_CLASSES or tokenizer_class is None
-                                             or "normalize_fullwidth" in config)
-        if wordpiece:
-            flags = {**wordpiece_config_flags(config), **kwargs}
-            tokenizer = WordPieceTokenizer.from_vocab(vocab_txt, **flags)
+        wordpiece = tokenizer_class in WORDPIECE_CLASSES or tokenizer_class is None or "normalize_fullwidth" in config
+        vocab = (vocab_txt if vocab_txt.is_file() else _wordpiece_json_vocab(tokenizer_json)) if wordpiece else None
+        if vocab is not None:
+            tokenizer = WordPieceTokenizer.from_vocab(vocab, **{**wordpiece_config_flags(config), **kwargs})
         elif tokenizer_json.is_file():
             tokenizer = PreTrainedTokenizerFast.from_pretrained(str(directory), **kwargs)
         elif spm := sorted(directory.glob("*.model")):

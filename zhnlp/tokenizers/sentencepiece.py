@@ -110,9 +110,10 @@ def build_backend(model_file: str | os.PathLike) -> Tokenizer:
     backend.normalizer = normalizers.Sequence(steps)
     prepend = "always" if spec["add_dummy_prefix"] else "never"
     backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme=prepend)
-    decode = [decoders.Metaspace(replacement="\u2581", prepend_scheme=prepend)]
-    if spec["byte_fallback"]:
-        decode = [decoders.ByteFallback(), decoders.Fuse()] + decode
+    # Decoding: pieces' "\u2581" back to spaces, <0xNN> byte pieces back to UTF-8, then drop the
+    # one space the dummy prefix added.
+    decode = [decoders.Replace("\u2581", " ")] + ([decoders.ByteFallback()] if spec["byte_fallback"] else [])
+    decode += [decoders.Fuse()] + ([decoders.Strip(" ", 1, 0)] if spec["add_dummy_prefix"] else [])
     backend.decoder = decoders.Sequence(decode)
     cls, sep = proc.bos_id(), proc.eos_id()
     if cls >= 0 and sep >= 0:

@@ -37,16 +37,11 @@ def read_vocab(path: str | os.PathLike) -> dict[str, int]:
     if not path.is_file():
         raise FileNotFoundError(f"no vocabulary file at {path}; pass a directory holding vocab.txt "
                                 "(BERT/ERNIE WordPiece, one token per line).")
-    # Only the newline is stripped, as transformers does: a token may legitimately be a space-like
-    # character, and stripping more would shift every later id.
+    # Only the newline is stripped, as transformers' BertTokenizer does: stripping more would
+    # rename whitespace-like tokens (bert-base-chinese has a U+2028 line), so a saved vocab.txt
+    # would no longer equal the original.
     with open(path, encoding="utf-8") as f:
-        tokens = [line.rstrip("\n") for line in f]
-    vocab = {token: i for i, token in enumerate(tokens)}
-    missing = [t for t in SPECIAL_TOKENS.values() if t not in vocab]
-    if missing:
-        raise ValueError(f"{path} lacks the special tokens {missing}; a BERT/ERNIE WordPiece vocabulary needs "
-                         f"{list(SPECIAL_TOKENS.values())} (train one with `zhnlp tokenizer train-wordpiece`).")
-    return vocab
+        return {line.rstrip("\n"): i for i, line in enumerate(f)}
 
 
 def build_backend(vocab: dict[str, int], *, do_lower_case: bool = True, strip_accents: bool | None = None,
@@ -106,10 +101,17 @@ class WordPieceTokenizer(PreTrainedTokenizerFast):
         """
         if not isinstance(vocab, dict):
             vocab = read_vocab(vocab)
+        special = {key: kwargs.get(key, default) for key, default in SPECIAL_TOKENS.items()}
+        missing = [token for token in special.values() if token not in vocab]
+        if missing:
+            raise ValueError(f"the vocabulary lacks the special tokens {missing}; a BERT/ERNIE WordPiece vocabulary "
+                             f"needs {list(special.values())} (name others with pad_token=..., cls_token=..., or "
+                             "train one with `zhnlp tokenizer train-wordpiece`).")
         backend = build_backend(vocab, do_lower_case=do_lower_case, strip_accents=strip_accents,
                                 tokenize_chinese_chars=tokenize_chinese_chars,
                                 normalize_fullwidth=normalize_fullwidth,
-                                **{k: kwargs.get(k, SPECIAL_TOKENS[k]) for k in ("cls_token", "sep_token", "unk_token")})
+                                cls_token=special["cls_token"], sep_token=special["sep_token"],
+                                unk_token=special["unk_token"])
         return cls(tokenizer_object=backend, do_lower_case=do_lower_case, strip_accents=strip_accents,
                    tokenize_chinese_chars=tokenize_chinese_chars, normalize_fullwidth=normalize_fullwidth, **kwargs)
 
@@ -131,8 +133,11 @@ class WordPieceTokenizer(PreTrainedTokenizerFast):
         config_file.write_text(json.dumps(config, indent=2, sort_keys=True, ensure_ascii=False) + "\n",
                                encoding="utf-8")
         vocab_file = directory / "vocab.txt"
-        tokens = sorted(self.backend_tokenizer.get_vocab(with_added_tokens=False).items(), key=lambda kv: kv[1])
-        vocab_file.write_text("".join(f"{token}\n" for token, _ in tokens), encoding="utf-8")
+        by_id = {i: token for token, i in self.backend_tokenizer.get_vocab(with_added_tokens=False).items()}
+        # A vocab.txt with a repeated line leaves its first id without a token; a placeholder
+        # line keeps every later token on its own line number, i.e. its id.
+        lines = [by_id.get(i, f"[zhnlp-unused-{i}]") for i in range(max(by_id) + 1)]
+        vocab_file.write_text("".join(f"{token}\n" for token in lines), encoding="utf-8")
         return (*files, str(vocab_file))
 
 
