@@ -164,19 +164,31 @@ def _encode_documents(docs: list[tuple[str, list]]) -> list[tuple[list[np.ndarra
     encodings = _STATE["tokenizer"].backend_tokenizer.encode_batch(flat, add_special_tokens=False)
     out, i = [], 0
     for (text, entities), doc in zip(docs, spans):
-        ids, units = [], []
-        for a, b in doc:
-            enc = encodings[i]
-            i += 1
-            if not enc.ids:
-                continue
-            ids.append(np.asarray(enc.ids, dtype=np.int32))
-            if _STATE["masking"]:
-                inside = [(s - a, e - a) for s, e in entities if a <= s and e <= b]  # entities of this sentence
-                units.append(_unit_ids(text[a:b], enc.offsets, inside))
-            else:
-                units.append(np.full(len(enc.ids), -1, dtype=np.int32))
+        encs = [e for e in encodings[i:i + len(doc)]]
+        i += len(doc)
+        kept = [(span, enc) for span, enc in zip(doc, encs) if enc.ids]
+        ids = [np.asarray(enc.ids, dtype=np.int32) for _, enc in kept]
+        if not _STATE["masking"]:
+            units = [np.full(len(x), -1, dtype=np.int32) for x in ids]
+        elif not entities and not _STATE["phrases"]:
+            units = _document_word_units(text, kept)
+        else:
+            units = [_unit_ids(text[a:b], enc.offsets, [(s - a, e - a) for s, e in entities if a <= s and e <= b])
+                     for (a, b), enc in kept]
         out.append((ids, units))
+    return out
+
+
+def _document_word_units(text: str, sentences) -> list[np.ndarray]:
+    """Whole-word unit ids for every ``((start, end), encoding)`` sentence of one document,
+    segmenting the document once. Equal to segmenting sentence by sentence: sentences end at
+    punctuation or newlines, where jieba starts a new block anyway."""
+    words_end = np.cumsum([len(w) for w in _STATE["segmenter"].cut(text)])  # word k covers [end[k-1], end[k])
+    out = []
+    for (a, _), enc in sentences:
+        bounds = np.asarray(enc.offsets, dtype=np.int64).reshape(-1, 2)
+        word = np.searchsorted(words_end, bounds[:, 0] + a, side="right")  # the word each token starts in
+        out.append(np.unique(word, return_inverse=True)[1].astype(np.int32).reshape(-1))
     return out
 
 

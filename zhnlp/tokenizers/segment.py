@@ -37,6 +37,9 @@ from typing import Iterable, Sequence
 
 import jieba
 
+# jieba logs "Building prefix dict ... Loading model cost ..." at INFO on every dictionary load
+jieba.setLogLevel(30)  # logging.WARNING
+
 BACKENDS = ("auto", "rjieba", "jieba")
 
 # jieba's own block pattern (jieba.re_han_default): text is cut block by block and blocks never interact.
