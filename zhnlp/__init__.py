@@ -6,7 +6,7 @@
     out.logits
 
 Under ``torchrun``, call ``zhnlp.distributed.init(tp=..., pp=...)`` first; every rank then
-receives complete outputs.
+receives complete outputs. Chinese text: ``zhnlp.AutoTokenizer``, ``zhnlp.segment``.
 """
 
 import warnings as _warnings
@@ -32,6 +32,8 @@ from zhnlp.auto import (  # noqa: E402
     AutoModelForTokenClassification,
 )
 from zhnlp.cards import ModelCard, list_models  # noqa: E402
+from zhnlp.tokenizers import AutoTokenizer  # noqa: E402
+from zhnlp.tokenizers.segment import Segmenter, segment  # noqa: E402
 from zhnlp.errors import CheckpointError, LayoutError, ModelNotFoundError, ZhnlpError  # noqa: E402
 
 __version__ = "0.1.0"
@@ -42,11 +44,14 @@ __all__ = [
     "AutoModelForQuestionAnswering",
     "AutoModelForSequenceClassification",
     "AutoModelForTokenClassification",
+    "AutoTokenizer",
     "CheckpointError",
     "LayoutError",
     "ModelCard",
     "ModelNotFoundError",
+    "Segmenter",
     "ZhnlpError",
     "distributed",
     "list_models",
+    "segment",
 ]

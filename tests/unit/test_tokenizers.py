@@ -312,3 +312,35 @@ def test_cli_subcommands(corpus, tmp_path, capsys):
                               "--vocab-size", "20"])
     assert args.func(args) == 2  # vocabulary smaller than the character set: a message, not a traceback
     assert "SentencePiece training failed" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dataset", ["sentiment-reviews", "peoples-daily-1998", "msra-ner"])
+def test_parity_on_every_text_of_the_real_corpora(dataset):
+    """Every text of the project's fetched corpora: ids and offsets equal BertTokenizerFast's."""
+    import json as _json
+
+    import transformers
+
+    import zhnlp
+    from zhnlp.data.fetch import fetch
+
+    root = fetch(dataset)
+    if dataset == "peoples-daily-1998":
+        texts = (root / "corpus.txt").read_text(encoding="utf-8").splitlines()
+    else:
+        texts = []
+        for split in sorted(root.glob("*.jsonl")):
+            for line in split.read_text(encoding="utf-8").splitlines():
+                row = _json.loads(line)
+                texts.append(row["text"] if "text" in row else "".join(row["tokens"]))
+    vocab_dir = fetch("bert-base-chinese-vocab")
+    ours = zhnlp.AutoTokenizer.from_pretrained(vocab_dir)
+    ref = transformers.BertTokenizerFast.from_pretrained(vocab_dir)
+    for start in range(0, len(texts), 2048):
+        batch = texts[start:start + 2048]
+        a = ours(batch, return_offsets_mapping=True)
+        b = ref(batch, return_offsets_mapping=True)
+        assert a["input_ids"] == b["input_ids"]
+        assert a["offset_mapping"] == b["offset_mapping"]
+    assert len(texts) > 10000
