@@ -49,7 +49,13 @@ def main() -> int:
         missing = sorted(set(ref) - set(out))
         if args.save:
             model.save_pretrained(case / f"saved-{tag}")
-        (case / f"result-{tag}-rank{lay.rank}.json").write_text(json.dumps({"diffs": diffs, "missing": missing}))
+        result = {"diffs": diffs, "missing": missing}
+        if args.sp:  # an odd sequence length cannot be split across the TP ranks: one clear error
+            try:
+                model(inputs["input_ids"][:, :-1])
+            except ValueError as e:
+                result["odd_length_error"] = str(e)
+        (case / f"result-{tag}-rank{lay.rank}.json").write_text(json.dumps(result))
     zhnlp.distributed.shutdown()
     return 0
 

@@ -46,6 +46,8 @@ def check(cases: Path, tag: str, nproc: int) -> None:
             assert not result["missing"], f"{case.name} rank {rank} lacks {result['missing']}"
             for k, d in result["diffs"].items():
                 assert d <= 1e-5, f"{case.name} [{tag}] rank {rank}: {k} differs by {d:.2e}"
+            if tag.endswith("sp"):
+                assert "sequence length must be a multiple of tp=2, got 11" in result["odd_length_error"]
         saved = case / f"saved-{tag}"
         if saved.exists():
             meta = json.loads((case / "meta.json").read_text())

@@ -140,6 +140,10 @@ class PretrainedModel(torch.nn.Module):
             task_type_ids=task_type_ids, position_ids=position_ids).items() if v is not None}
         targets = {k: v.to(dev) for k, v in dict(
             labels=labels, start_positions=start_positions, end_positions=end_positions).items() if v is not None}
+        seq = batch["input_ids"].shape[1]
+        if self.transformer_config.sequence_parallel and seq % self.layout.tp:
+            raise ValueError(f"under sequence parallelism the sequence length must be a multiple of tp={self.layout.tp}, "
+                             f"got {seq}; pad the batch (e.g. tokenizer(..., pad_to_multiple_of={self.layout.tp})).")
         if self.layout.pp == 1:
             return ModelOutput(self.chunks[0](**batch, **targets))
         out = self._pipeline_forward(batch)
