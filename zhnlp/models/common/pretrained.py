@@ -122,7 +122,9 @@ class PretrainedModel(torch.nn.Module):
                     dim, shape = dims[local], list(p.shape)
                     if dim is not None:
                         shape[dim] *= self.layout.tp
-                    gen = torch.Generator().manual_seed(seed + _stable_hash(name))
+                    # the tied MLM decoder on a last stage must start equal to the word embeddings
+                    source = "embedding.word_embeddings.weight" if name == "output_layer.weight" else name
+                    gen = torch.Generator().manual_seed(seed + _stable_hash(source))
                     value = torch.empty(shape, dtype=torch.float32).normal_(0.0, std, generator=gen)
                     if name.endswith("word_embeddings.weight") or name == "output_layer.weight":
                         value[self.config.vocab_size:] = 0  # vocabulary padding rows

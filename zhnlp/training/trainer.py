@@ -1,0 +1,190 @@
+"""One training loop on megatron-core for every parallel layout.
+
+The model comes from zhnlp's family code (layout-independent initialisation), is wrapped in
+megatron's DistributedDataParallel per chunk, optimised by megatron's optimizer (plain or
+distributed) with its parameter scheduler, and stepped by megatron's forward/backward
+schedules (no pipelining, 1F1B, interleaved). Objectives differ only in their step function:
+:func:`masked_lm_step` here.
+
+This is the first increment of the engine: fp32, DP/TP/PP/VPP/SP, recompute, the distributed
+optimizer, metrics. Checkpoints, bf16/fp16 and fault handling come next.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from zhnlp import distributed
+from zhnlp.distributed import cpu
+from zhnlp.errors import ZhnlpError
+from zhnlp.training.config import RunConfig
+
+
+def masked_lm_step(data_iterator, model):
+    """Forward one micro-batch; the last stage returns the loss (mean over predicted tokens)."""
+    batch = next(data_iterator)
+    out = model(batch["input_ids"], attention_mask=batch["attention_mask"], token_type_ids=batch["token_type_ids"],
+                labels=batch["labels"], gather_logits=False)
+
+    def loss_func(output):
+        loss = output["loss"]
+        # a copy: the schedule divides the returned loss by the number of micro-batches in place
+        return loss, {"loss": loss.detach().clone()}
+
+    return out, loss_func
+
+
+class Trainer:
+    """Builds model, optimizer, scheduler and data for a :class:`RunConfig` and trains it."""
+
+    def __init__(self, cfg: RunConfig):
+        from megatron.core import parallel_state as ps
+        from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+        from megatron.core.distributed import finalize_model_grads
+        from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+        from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+        from zhnlp.models.common.pretrained import PretrainedModel
+        from zhnlp.models.ernie import FAMILY, ErnieConfig
+
+        if cfg.precision != "fp32":
+            raise ZhnlpError(f"precision {cfg.precision!r} is not supported by the trainer yet; use fp32.")
+        p, o = cfg.parallel, cfg.optimizer
+        self.cfg = cfg
+        self.layout = lay = distributed.init(tp=p.tp, pp=p.pp, vpp=p.vpp, seed=cfg.seed)
+        cfg.check(lay.world_size)
+        self.dataset = self._dataset()
+        run = {"sequence_parallel": p.sequence_parallel}
+        if cfg.recompute == "full":
+            run.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+        elif cfg.recompute == "selective":
+            run.update(recompute_granularity="selective", recompute_modules=["core_attn"])
+        arch = ErnieConfig.from_dict(cfg.model)
+        self.model = PretrainedModel.from_config(FAMILY, arch, "mlm", seed=cfg.seed, **run)
+        self.config = tconf = self.model.transformer_config
+        with cpu.device_mode():
+            ddp = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
+                                                use_distributed_optimizer=o.distributed_optimizer)
+            self.chunks = [DistributedDataParallel(tconf, ddp, c) for c in self.model.chunks]
+            self.optimizer = get_megatron_optimizer(OptimizerConfig(
+                optimizer="adam", lr=o.lr, min_lr=o.min_lr, weight_decay=o.weight_decay, adam_beta1=o.adam_beta1,
+                adam_beta2=o.adam_beta2, adam_eps=o.adam_eps, clip_grad=o.clip_grad, params_dtype=torch.float32,
+                use_distributed_optimizer=o.distributed_optimizer), self.chunks)
+            self.scheduler = OptimizerParamScheduler(
+                self.optimizer, init_lr=0.0, max_lr=o.lr, min_lr=o.min_lr, lr_warmup_steps=o.warmup_steps,
+                lr_decay_steps=max(cfg.steps, o.warmup_steps + 1), lr_decay_style=o.decay_style,
+                start_wd=o.weight_decay, end_wd=o.weight_decay, wd_incr_steps=cfg.steps, wd_incr_style="constant")
+        # megatron reads these from the model config inside its schedules
+        tconf.finalize_model_grads_func = finalize_model_grads  # DP/TP/embedding gradient reductions
+        tconf.no_sync_func = [c.no_sync for c in self.chunks] if len(self.chunks) > 1 else self.chunks[0].no_sync
+        tconf.grad_scale_func = self.optimizer.scale_loss
+        self.dp_group = ps.get_data_parallel_group()
+        self.logging_rank = lay.world_size - 1  # on the last pipeline stage, where the loss is
+        self.output = Path(cfg.output)
+        self.step = 0
+
+    def _dataset(self):
+        from zhnlp.data.pretraining import MaskedLMDataset, SpecialTokens
+        from zhnlp.tokenizers import AutoTokenizer
+
+        d = self.cfg.data
+        if d.prefix is None:
+            raise ZhnlpError("no training data: pass --data PREFIX (a corpus preprocessed with `zhnlp preprocess`).")
+        tokenizer = d.tokenizer or json.loads(Path(f"{d.prefix}.json").read_text(encoding="utf-8"))["tokenizer"]
+        special = SpecialTokens.from_tokenizer(AutoTokenizer.from_pretrained(tokenizer))
+        if special.vocab_size > self.cfg.model["vocab_size"]:
+            raise ZhnlpError(f"the tokenizer has {special.vocab_size} tokens but the model's vocab_size is "
+                             f"{self.cfg.model['vocab_size']}; use a model with a large enough vocabulary.")
+        return MaskedLMDataset(d.prefix, special, seq_length=d.seq_length, mask_prob=d.mask_prob,
+                               max_ngram=d.max_ngram, seed=self.cfg.seed)
+
+    # ------------------------------------------------------------------------------ data
+    def _micro_batches(self, step: int) -> list[dict]:
+        """This data-parallel rank's micro-batches of global batch ``step`` (samples in order,
+        wrapping around the dataset): the global batch is the same for every layout."""
+        d, lay = self.cfg.data, self.layout
+        per_rank = d.global_batch_size // lay.dp
+        first = step * d.global_batch_size + lay.dp_rank * per_rank
+        indices = [(first + i) % len(self.dataset) for i in range(per_rank)]
+        samples = [self.dataset[i] for i in indices]
+        batches = []
+        for start in range(0, per_rank, d.micro_batch_size):
+            group = samples[start:start + d.micro_batch_size]
+            batches.append({k: torch.as_tensor(np.stack([s[k] for s in group]))
+                            for k in ("input_ids", "attention_mask", "token_type_ids", "labels")})
+        return batches
+
+    # ------------------------------------------------------------------------------ loop
+    def train_step(self) -> dict:
+        """One optimizer step over one global batch; returns its metrics."""
+        from megatron.core.pipeline_parallel import get_forward_backward_func
+
+        d = self.cfg.data
+        micro = self._micro_batches(self.step)
+        start = time.perf_counter()
+        with cpu.device_mode():
+            for c in self.chunks:
+                c.train()
+                c.zero_grad_buffer()
+            self.optimizer.zero_grad()
+            iters = [iter(micro) for _ in self.chunks] if len(self.chunks) > 1 else iter(micro)
+            losses = get_forward_backward_func()(
+                forward_step_func=masked_lm_step, data_iterator=iters, model=self.chunks,
+                num_microbatches=len(micro), seq_length=d.seq_length, micro_batch_size=d.micro_batch_size,
+                forward_only=False)
+            ok, grad_norm, _ = self.optimizer.step()
+            self.scheduler.step(increment=1)
+        loss = torch.zeros(())
+        if losses:  # last pipeline stage: mean over micro-batches, then over data-parallel ranks
+            loss = torch.stack([x["loss"].float() for x in losses]).mean()
+            dist.all_reduce(loss, group=self.dp_group)
+            loss /= self.layout.dp
+        elapsed = time.perf_counter() - start
+        self.step += 1
+        tokens = d.global_batch_size * d.seq_length
+        return {"step": self.step, "loss": float(loss), "lr": self.optimizer.param_groups[0]["lr"],
+                "grad_norm": float(grad_norm) if grad_norm is not None else None,
+                "loss_scale": float(self.optimizer.get_loss_scale()), "skipped": int(not ok),
+                "tokens_per_s": tokens / elapsed, "mfu": self._flops(tokens) / elapsed / self._peak(),
+                "max_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+
+    def train(self, steps: int | None = None) -> list[dict]:
+        """Train to ``steps`` (default: the config's); metrics go to OUTPUT/metrics.jsonl."""
+        history = []
+        end = self.cfg.steps if steps is None else steps
+        log = None
+        if dist.get_rank() == self.logging_rank:
+            self.output.mkdir(parents=True, exist_ok=True)
+            log = open(self.output / "metrics.jsonl", "a", encoding="utf-8")
+        try:
+            while self.step < end:
+                m = self.train_step()
+                if not torch.isfinite(torch.tensor(m["loss"])):
+                    raise ZhnlpError(f"the loss became {m['loss']} at step {m['step']}; lower the learning rate.")
+                history.append(m)
+                if log is not None and m["step"] % self.cfg.logging.log_interval == 0:
+                    log.write(json.dumps(m) + "\n")
+                    log.flush()
+                    print(f"step {m['step']:>6}  loss {m['loss']:.4f}  lr {m['lr']:.2e}  "
+                          f"grad_norm {m['grad_norm']:.3f}  {m['tokens_per_s']:.0f} tok/s", flush=True)
+        finally:
+            if log is not None:
+                log.close()
+        return history
+
+    def _flops(self, tokens: int) -> float:
+        """Model FLOPs of one step: 6 x (non-embedding parameters) x tokens, plus attention."""
+        m, s = self.cfg.model, self.cfg.data.seq_length
+        h, layers = m["hidden_size"], m["num_hidden_layers"]
+        dense = layers * (4 * h * h + 2 * h * m["intermediate_size"]) + h * m["vocab_size"]
+        return 6 * dense * tokens + 12 * layers * h * s * tokens
+
+    def _peak(self) -> float:
+        return self.cfg.logging.peak_tflops * 1e12 * self.layout.world_size
