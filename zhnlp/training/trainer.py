@@ -95,6 +95,14 @@ class Trainer:
         from zhnlp.tokenizers import AutoTokenizer
 
         d = self.cfg.data
+        if d.prefix is None and self.cfg.recipe == "ernie-debug":
+            # the project's own corpus, fetched and preprocessed once (by rank 0; the others wait)
+            from zhnlp.data.demo import demo_corpus
+
+            if dist.get_rank() == 0:
+                demo_corpus()
+            distributed.barrier()
+            d.prefix = str(demo_corpus())
         if d.prefix is None:
             raise ZhnlpError("no training data: pass --data PREFIX (a corpus preprocessed with `zhnlp preprocess`).")
         tokenizer = d.tokenizer or json.loads(Path(f"{d.prefix}.json").read_text(encoding="utf-8"))["tokenizer"]
