@@ -25,6 +25,12 @@ def add_cli(subparsers) -> None:
     p.add_argument("--recompute", choices=["selective", "full"])
     p.add_argument("--distributed-optimizer", action="store_true", default=None)
     p.add_argument("--log-interval", type=int)
+    p.add_argument("--save-interval", type=int, help="steps between distributed checkpoints")
+    p.add_argument("--keep", type=int, help="complete checkpoints to keep (default 3)")
+    p.add_argument("--resume", action="store_true", default=None,
+                   help="continue from the newest complete checkpoint in --output")
+    p.add_argument("--stop-at", type=int, help="end this process at this step (the schedule still spans --steps); "
+                                               "with --save-interval, for time-limited jobs")
     p.add_argument("--peak-tflops", type=float, help="per-device peak for the MFU column")
     p.set_defaults(func=_run)
 
@@ -37,8 +43,9 @@ def _run(args) -> int:
                    micro_batch_size=args.micro_batch_size, global_batch_size=args.global_batch_size,
                    seq_length=args.seq_length, precision=args.precision, recompute=args.recompute,
                    distributed_optimizer=args.distributed_optimizer, log_interval=args.log_interval,
-                   peak_tflops=args.peak_tflops)
+                   peak_tflops=args.peak_tflops, save_interval=args.save_interval, keep=args.keep,
+                   resume=args.resume)
     if args.output is None:
         cfg.output = f"runs/{cfg.recipe}"
-    Trainer(cfg).train()
+    Trainer(cfg).train(steps=args.stop_at)
     return 0

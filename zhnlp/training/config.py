@@ -47,6 +47,13 @@ class DataConfig:
 
 
 @dataclass
+class CheckpointConfig:
+    save_interval: int = 0  # steps between checkpoints (0: only at the end when resume is used)
+    keep: int = 3  # complete checkpoints to keep
+    resume: bool = False  # continue from the newest complete checkpoint under OUTPUT/checkpoints
+
+
+@dataclass
 class LoggingConfig:
     log_interval: int = 1
     peak_tflops: float = 1.0  # per device, for MFU; set your accelerator's dense peak
@@ -62,6 +69,7 @@ class RunConfig:
     optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
     data: DataConfig = field(default_factory=DataConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     steps: int = 100
     seed: int = 1234
     precision: str = "fp32"  # fp32, bf16, fp16
@@ -147,7 +155,7 @@ def override(cfg: RunConfig, **changes) -> RunConfig:
     for key, value in changes.items():
         if value is None:
             continue
-        for target in (cfg, cfg.parallel, cfg.optimizer, cfg.data, cfg.logging):
+        for target in (cfg, cfg.parallel, cfg.optimizer, cfg.data, cfg.logging, cfg.checkpoint):
             if key in {f.name for f in dataclasses.fields(target)}:
                 setattr(target, key, value)
                 break

@@ -164,7 +164,19 @@ class Trainer:
                 "max_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 
     def train(self, steps: int | None = None) -> list[dict]:
-        """Train to ``steps`` (default: the config's); metrics go to OUTPUT/metrics.jsonl."""
+        """Train to ``steps`` (default: the config's); metrics go to OUTPUT/metrics.jsonl.
+
+        With ``checkpoint.resume`` the newest complete checkpoint under OUTPUT/checkpoints is
+        loaded first; with ``checkpoint.save_interval`` one is written every that many steps."""
+        from zhnlp.training import checkpoint
+
+        ck = self.cfg.checkpoint
+        if ck.resume:
+            found = checkpoint.latest(self.output / "checkpoints")
+            if found is not None:
+                checkpoint.load(self, found)
+                if dist.get_rank() == 0:
+                    print(f"resumed from {found} (step {self.step})", flush=True)
         history = []
         end = self.cfg.steps if steps is None else steps
         log = None
@@ -175,13 +187,17 @@ class Trainer:
             while self.step < end:
                 m = self.train_step()
                 if not torch.isfinite(torch.tensor(m["loss"])):
-                    raise ZhnlpError(f"the loss became {m['loss']} at step {m['step']}; lower the learning rate.")
+                    good = checkpoint.latest(self.output / "checkpoints")
+                    raise ZhnlpError(f"the loss became {m['loss']} at step {m['step']}; stopping. Last good checkpoint: "
+                                     f"{good or 'none'}. Lower the learning rate and resume from it.")
                 history.append(m)
                 if log is not None and m["step"] % self.cfg.logging.log_interval == 0:
                     log.write(json.dumps(m) + "\n")
                     log.flush()
                     print(f"step {m['step']:>6}  loss {m['loss']:.4f}  lr {m['lr']:.2e}  "
                           f"grad_norm {m['grad_norm']:.3f}  {m['tokens_per_s']:.0f} tok/s", flush=True)
+                if ck.save_interval and self.step % ck.save_interval == 0:
+                    checkpoint.save(self, keep=ck.keep)
         finally:
             if log is not None:
                 log.close()
