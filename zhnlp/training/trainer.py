@@ -164,7 +164,8 @@ class Trainer:
                 "max_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 
     def train(self, steps: int | None = None) -> list[dict]:
-        """Train to ``steps`` (default: the config's); metrics go to OUTPUT/metrics.jsonl.
+        """Train to ``steps`` (default: the config's). On the logging rank: OUTPUT/metrics.jsonl,
+        TensorBoard events in OUTPUT/tensorboard and a progress bar with ETA.
 
         With ``checkpoint.resume`` the newest complete checkpoint under OUTPUT/checkpoints is
         loaded first; with ``checkpoint.save_interval`` one is written every that many steps."""
@@ -177,13 +178,13 @@ class Trainer:
                 checkpoint.load(self, found)
                 if dist.get_rank() == 0:
                     print(f"resumed from {found} (step {self.step})", flush=True)
+        from zhnlp.training.monitor import Monitor
+
         history = []
         end = self.cfg.steps if steps is None else steps
-        log = None
-        if dist.get_rank() == self.logging_rank:
-            self.output.mkdir(parents=True, exist_ok=True)
-            log = open(self.output / "metrics.jsonl", "a", encoding="utf-8")
-        try:
+        monitor = Monitor(self.output, total_steps=end, enabled=dist.get_rank() == self.logging_rank,
+                          start_step=self.step)
+        with monitor:
             while self.step < end:
                 m = self.train_step()
                 if not torch.isfinite(torch.tensor(m["loss"])):
@@ -191,16 +192,10 @@ class Trainer:
                     raise ZhnlpError(f"the loss became {m['loss']} at step {m['step']}; stopping. Last good checkpoint: "
                                      f"{good or 'none'}. Lower the learning rate and resume from it.")
                 history.append(m)
-                if log is not None and m["step"] % self.cfg.logging.log_interval == 0:
-                    log.write(json.dumps(m) + "\n")
-                    log.flush()
-                    print(f"step {m['step']:>6}  loss {m['loss']:.4f}  lr {m['lr']:.2e}  "
-                          f"grad_norm {m['grad_norm']:.3f}  {m['tokens_per_s']:.0f} tok/s", flush=True)
+                if m["step"] % self.cfg.logging.log_interval == 0:
+                    monitor.log(m)
                 if ck.save_interval and self.step % ck.save_interval == 0:
                     checkpoint.save(self, keep=ck.keep)
-        finally:
-            if log is not None:
-                log.close()
         return history
 
     def _flops(self, tokens: int) -> float:
