@@ -36,13 +36,14 @@ def build_parser() -> argparse.ArgumentParser:
 
     from zhnlp.data import fetch, preprocess
     from zhnlp.tokenizers import train
-    from zhnlp.training import command, monitor
+    from zhnlp.training import command, export, monitor
 
     fetch.add_cli(sub)        # zhnlp data fetch NAME / zhnlp data list
     train.add_cli(sub)        # zhnlp tokenizer train-wordpiece / train-sentencepiece
     preprocess.add_cli(sub)   # zhnlp preprocess --input ... --output PREFIX --tokenizer ...
     command.add_cli(sub)      # zhnlp pretrain --recipe ernie-debug --tp 2 ...
     monitor.add_cli(sub)      # zhnlp plot RUN_DIR
+    export.add_cli(sub)       # zhnlp export CHECKPOINT DIR (transformers format + tokenizer)
     return parser
 
 

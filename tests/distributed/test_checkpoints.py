@@ -58,3 +58,22 @@ def test_an_unfinished_save_is_not_resumed(corpus, tmp_path):  # noqa: F811
     resumed = losses(pretrain(corpus / "data", tmp_path / "run", 1, "--resume", "--save-interval", "2"))
     assert max(resumed) == 6 and not crashed.exists()
     assert [p.name for p in sorted(ckpts.iterdir())] == ["step_0000002", "step_0000004", "step_0000006"]
+
+
+def test_export_gives_a_transformers_model_with_its_tokenizer(corpus, tmp_path):  # noqa: F811
+    import torch
+    import transformers
+
+    import zhnlp
+    from zhnlp.training.export import export
+
+    pretrain(corpus / "data", tmp_path / "run", 2, "--tp", "2", "--save-interval", "6")
+    out = export(tmp_path / "run", tmp_path / "hf")
+    tok = transformers.AutoTokenizer.from_pretrained(out)
+    hf = transformers.AutoModelForMaskedLM.from_pretrained(out).eval()
+    enc = tok(["北京是中华人民共和国的首都。"], return_tensors="pt")
+    with torch.no_grad():
+        ref = hf(**enc).logits
+    ours = zhnlp.AutoModelForMaskedLM.from_pretrained(out)(**enc).logits
+    torch.testing.assert_close(ours.cpu(), ref, rtol=0, atol=1e-5)
+    assert type(hf).__name__ == "ErnieForMaskedLM"

@@ -114,7 +114,8 @@ def save(trainer, keep: int = 3) -> Path:
         info = {"step": trainer.step, "consumed_samples": trainer.step * trainer.cfg.data.global_batch_size,
                 "scheduler": trainer.scheduler.state_dict(), "layout": {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp,
                                                                          "vpp": lay.vpp},
-                "distributed_optimizer": distopt, "recipe": trainer.cfg.recipe, "model": trainer.cfg.model}
+                "distributed_optimizer": distopt, "recipe": trainer.cfg.recipe, "model": trainer.cfg.model,
+                "tokenizer": trainer.tokenizer_name}
         (work / "trainer.json").write_text(json.dumps(info, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     distributed.barrier()
     if dist.get_rank() == 0:  # the one step that makes the checkpoint count

@@ -106,6 +106,7 @@ class Trainer:
         if d.prefix is None:
             raise ZhnlpError("no training data: pass --data PREFIX (a corpus preprocessed with `zhnlp preprocess`).")
         tokenizer = d.tokenizer or json.loads(Path(f"{d.prefix}.json").read_text(encoding="utf-8"))["tokenizer"]
+        self.tokenizer_name = tokenizer
         special = SpecialTokens.from_tokenizer(AutoTokenizer.from_pretrained(tokenizer))
         if special.vocab_size > self.cfg.model["vocab_size"]:
             raise ZhnlpError(f"the tokenizer has {special.vocab_size} tokens but the model's vocab_size is "
