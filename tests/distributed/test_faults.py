@@ -1,0 +1,47 @@
+"""Fault handling: a rank killed with SIGKILL mid-training ends the job in bounded time, and
+--resume continues from the last complete checkpoint, reproducing the uninterrupted run."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.conftest import ROOT, free_port
+from tests.distributed.test_checkpoints import losses, pretrain
+from tests.distributed.test_training_layouts import corpus  # noqa: F401  (shared fixture)
+
+pytestmark = [pytest.mark.distributed, pytest.mark.slow]
+
+
+def test_sigkill_ends_the_job_and_resume_continues(corpus, tmp_path):  # noqa: F811
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
+           f"--master-port={free_port()}", "-m", "zhnlp", "pretrain", "--recipe", "ernie-debug", "--data",
+           str(corpus / "data"), "--output", str(out), "--steps", "400", "--seq-length", "32", "--tp", "2",
+           "--save-interval", "2"]
+    job = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"})
+    ckpts = out / "checkpoints"
+    deadline = time.time() + 120
+    while not (ckpts / "step_0000002").exists() and time.time() < deadline and job.poll() is None:
+        time.sleep(0.2)
+    assert (ckpts / "step_0000002").exists(), "no checkpoint was written"
+    workers = psutil.Process(job.pid).children(recursive=True)
+    assert job.poll() is None and len(workers) >= 2, "the job should still be running (400 steps)"
+    os.kill(workers[-1].pid, signal.SIGKILL)  # one rank dies
+    start = time.time()
+    job.wait(timeout=120)  # the others must not hang
+    assert job.returncode != 0 and time.time() - start < 120
+    complete = sorted(p.name for p in ckpts.iterdir() if not p.name.endswith(".incomplete"))
+    assert complete and complete[-1] >= "step_0000002"
+    last = int(complete[-1].split("_")[1])
+    resumed = losses(pretrain(corpus / "data", out, 1, "--resume", "--steps", "400", "--stop-at", str(last + 3)))
+    full = losses(pretrain(corpus / "data", tmp_path / "full", 1, "--steps", "400", "--stop-at", str(last + 3)))
+    for step in range(last + 1, last + 4):
+        assert resumed[step] == pytest.approx(full[step], abs=1e-5), step
