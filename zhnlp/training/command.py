@@ -23,6 +23,7 @@ def add_cli(subparsers) -> None:
     p.add_argument("--seq-length", type=int)
     p.add_argument("--precision", choices=["fp32", "bf16", "fp16"])
     p.add_argument("--recompute", choices=["selective", "full"])
+    p.add_argument("--initial-loss-scale", type=float, help="fp16: where dynamic loss scaling starts")
     p.add_argument("--distributed-optimizer", action="store_true", default=None)
     p.add_argument("--log-interval", type=int)
     p.add_argument("--save-interval", type=int, help="steps between distributed checkpoints")
@@ -44,7 +45,7 @@ def _run(args) -> int:
                    seq_length=args.seq_length, precision=args.precision, recompute=args.recompute,
                    distributed_optimizer=args.distributed_optimizer, log_interval=args.log_interval,
                    peak_tflops=args.peak_tflops, save_interval=args.save_interval, keep=args.keep,
-                   resume=args.resume)
+                   resume=args.resume, initial_loss_scale=args.initial_loss_scale)
     if args.output is None:
         cfg.output = f"runs/{cfg.recipe}"
     Trainer(cfg).train(steps=args.stop_at)

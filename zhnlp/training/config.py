@@ -33,6 +33,7 @@ class OptimizerConfig:
     adam_eps: float = 1e-8
     clip_grad: float = 1.0
     distributed_optimizer: bool = False
+    initial_loss_scale: float = 2.0**16  # fp16 only: dynamic loss scaling starts here
 
 
 @dataclass

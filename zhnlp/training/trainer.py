@@ -6,8 +6,8 @@ distributed) with its parameter scheduler, and stepped by megatron's forward/bac
 schedules (no pipelining, 1F1B, interleaved). Objectives differ only in their step function:
 :func:`masked_lm_step` here.
 
-This is the first increment of the engine: fp32, DP/TP/PP/VPP/SP, recompute, the distributed
-optimizer, metrics. Checkpoints, bf16/fp16 and fault handling come next.
+Precision: fp32; bf16 (bf16 weights, fp32 main parameters in the optimizer); fp16 with
+dynamic loss scaling (overflowing steps are skipped and counted in the metrics).
 """
 
 from __future__ import annotations
@@ -30,8 +30,9 @@ from zhnlp.training.config import RunConfig
 def masked_lm_step(data_iterator, model):
     """Forward one micro-batch; the last stage returns the loss (mean over predicted tokens)."""
     batch = next(data_iterator)
+    kwargs = {"fp32_output": False} if model.config.bf16 or model.config.fp16 else {}  # Float16Module: keep the dict
     out = model(batch["input_ids"], attention_mask=batch["attention_mask"], token_type_ids=batch["token_type_ids"],
-                labels=batch["labels"], gather_logits=False)
+                labels=batch["labels"], gather_logits=False, **kwargs)
 
     def loss_func(output):
         loss = output["loss"]
@@ -54,14 +55,15 @@ class Trainer:
         from zhnlp.models.common.pretrained import PretrainedModel
         from zhnlp.models.ernie import FAMILY, ErnieConfig
 
-        if cfg.precision != "fp32":
-            raise ZhnlpError(f"precision {cfg.precision!r} is not supported by the trainer yet; use fp32.")
         p, o = cfg.parallel, cfg.optimizer
+        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[cfg.precision]
         self.cfg = cfg
         self.layout = lay = distributed.init(tp=p.tp, pp=p.pp, vpp=p.vpp, seed=cfg.seed)
         cfg.check(lay.world_size)
         self.dataset = self._dataset()
         run = {"sequence_parallel": p.sequence_parallel}
+        if dtype != torch.float32:  # half-precision weights; the optimizer keeps fp32 main copies
+            run.update(params_dtype=dtype, bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16)
         if cfg.recompute == "full":
             run.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
         elif cfg.recompute == "selective":
@@ -72,10 +74,17 @@ class Trainer:
         with cpu.device_mode():
             ddp = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
                                                 use_distributed_optimizer=o.distributed_optimizer)
-            self.chunks = [DistributedDataParallel(tconf, ddp, c) for c in self.model.chunks]
+            chunks = self.model.chunks
+            if dtype != torch.float32:
+                from megatron.core.transformer.module import Float16Module
+
+                chunks = [Float16Module(tconf, c) for c in chunks]
+            self.chunks = [DistributedDataParallel(tconf, ddp, c) for c in chunks]
             self.optimizer = get_megatron_optimizer(OptimizerConfig(
                 optimizer="adam", lr=o.lr, min_lr=o.min_lr, weight_decay=o.weight_decay, adam_beta1=o.adam_beta1,
-                adam_beta2=o.adam_beta2, adam_eps=o.adam_eps, clip_grad=o.clip_grad, params_dtype=torch.float32,
+                adam_beta2=o.adam_beta2, adam_eps=o.adam_eps, clip_grad=o.clip_grad, params_dtype=dtype,
+                bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
+                initial_loss_scale=o.initial_loss_scale,  # fp16: dynamic loss scaling from here
                 use_distributed_optimizer=o.distributed_optimizer), self.chunks)
             self.scheduler = OptimizerParamScheduler(
                 self.optimizer, init_lr=0.0, max_lr=o.lr, min_lr=o.min_lr, lr_warmup_steps=o.warmup_steps,
