@@ -18,7 +18,7 @@ def main() -> int:
     ap.add_argument("data")
     ap.add_argument("out", type=Path)
     ap.add_argument("--tag", required=True)
-    ap.add_argument("--steps", type=int, default=6)
+    ap.add_argument("--steps", type=int, default=10)
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--pp", type=int, default=1)
     ap.add_argument("--vpp", type=int, default=None)
