@@ -1,25 +1,22 @@
 """Fault handling: a rank killed with SIGKILL mid-training ends the job in bounded time, and
 --resume continues from the last complete checkpoint, reproducing the uninterrupted run."""
 
-import json
 import os
 import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import psutil
 import pytest
 
 from tests.conftest import ROOT, free_port
-from tests.distributed.test_checkpoints import losses, pretrain
-from tests.distributed.test_training_layouts import corpus  # noqa: F401  (shared fixture)
+from tests.distributed.conftest import losses, pretrain
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 
-def test_sigkill_ends_the_job_and_resume_continues(corpus, tmp_path):  # noqa: F811
+def test_sigkill_ends_the_job_and_resume_continues(corpus, tmp_path):
     out = tmp_path / "run"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
            f"--master-port={free_port()}", "-m", "zhnlp", "pretrain", "--recipe", "ernie-debug", "--data",

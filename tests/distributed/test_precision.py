@@ -1,23 +1,21 @@
 """bf16 and fp16 training: the loss falls, and fp16 skips overflowing steps while its dynamic
 loss scale comes down."""
 
-import json
 
 import pytest
 
-from tests.distributed.test_checkpoints import pretrain
-from tests.distributed.test_training_layouts import corpus  # noqa: F401  (shared fixture)
+from tests.distributed.conftest import pretrain
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 
-def test_bf16_trains(corpus, tmp_path):  # noqa: F811
+def test_bf16_trains(corpus, tmp_path):
     m = pretrain(corpus / "data", tmp_path / "bf16", 1, "--precision", "bf16", "--steps", "8")
     assert len(m) == 8 and m[-1]["loss"] < m[0]["loss"] - 0.1
     assert all(x["skipped"] == 0 for x in m)
 
 
-def test_fp16_skips_overflowing_steps_and_trains(corpus, tmp_path):  # noqa: F811
+def test_fp16_skips_overflowing_steps_and_trains(corpus, tmp_path):
     # a loss scale of 2**24 overflows fp16 gradients: those steps are skipped and the scale halves
     m = pretrain(corpus / "data", tmp_path / "fp16", 2, "--precision", "fp16", "--tp", "2", "--steps", "30",
                  "--initial-loss-scale", str(2.0**24))

@@ -3,7 +3,6 @@ give the same losses and gradient norms (fp32, within 1e-5) on one process and u
 TP+SP, PP, PP+VPP, TP x PP, with recompute and with the distributed optimizer."""
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -12,25 +11,6 @@ from tests.conftest import torchrun
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 WORKER = Path(__file__).with_name("train_worker.py")
-ASSETS = Path(__file__).resolve().parent.parent / "assets"
-SENTENCES = ["百度提出了知识增强的语义表示模型。", "北京是中华人民共和国的首都。", "今天天气很好，我们去公园散步吧！",
-             "自然语言处理是人工智能的一个重要方向。", "他们在上海交通大学讨论了机器翻译的发展。",
-             "这家餐厅的菜味道不错，服务也很周到。", "长江是中国最长的河流。", "我喜欢在周末读书和听音乐。"]
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
-    from zhnlp.data.preprocess import preprocess
-
-    root = tmp_path_factory.mktemp("train")
-    (root / "vocab").mkdir()
-    shutil.copy(ASSETS / "bert-base-chinese-vocab.txt", root / "vocab" / "vocab.txt")
-    docs = ["".join(SENTENCES[(i * 3 + k) % len(SENTENCES)] for k in range(1 + i % 4)) for i in range(120)]
-    (root / "corpus.txt").write_text("\n".join(docs) + "\n", encoding="utf-8")
-    preprocess([root / "corpus.txt"], root / "data", str(root / "vocab"), progress=False)
-    return root
-
-
 def run(corpus: Path, tag: str, nproc: int, *args) -> dict:
     torchrun(WORKER, nproc, corpus / "data", corpus, "--tag", tag, *args)
     return json.loads((corpus / f"{tag}.json").read_text())
