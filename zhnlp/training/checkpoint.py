@@ -18,11 +18,10 @@ The distributed optimizer's state does not go through dist_checkpointing (in meg
 moments are gathered to the first data-parallel rank with the optimizer's own
 ``get_parameter_state_dp_zero`` and written per model-parallel rank
 (``distopt/mp_rank_TT_PPP.pt``, read back with ``torch.load(weights_only=True)``); they resume
-under the same layout only. Known limit: Adam's step count is not in that state (megatron's
-common-state route fails with KeyError 'step'), so bias correction restarts and a resumed run
-with the distributed optimizer drifts slightly from the uninterrupted one (the test marks it as
-an expected failure). Under another layout the model resumes and the optimizer state restarts,
-with a message. Exact resume and resharding hold for the plain optimizer.
+together with the optimizer's common state (param groups with Adam's step count, the loss
+scaler); they resume exactly under the same layout. Under another layout the model resumes and
+the optimizer state restarts, with a message (megatron's reshardable route needs its
+dist_checkpointing path); exact resume and resharding hold for the plain optimizer.
 """
 
 from __future__ import annotations
@@ -67,6 +66,22 @@ def _sharded_state(trainer, with_optimizer: bool, loading: bool = False):
 def _inner(optimizer) -> list:
     """The distributed optimizers inside megatron's ChainedOptimizer (or the optimizer itself)."""
     return list(getattr(optimizer, "chained_optimizers", [optimizer]))
+
+
+def _load_distributed_optimizer(opt, state: dict | None, common: dict) -> None:
+    """Restore one distributed optimizer: param groups, loss scaler and Adam's step count from
+    ``common``; main parameters and moments from ``state`` (the dp-zero gather; None off the first
+    data-parallel rank, which scatters it).
+
+    megatron's ``load_state_dict`` allocates the Adam state (zeros) and gives every parameter the
+    same ``step`` tensor object, while ``load_parameter_state_from_dp_zero`` copies exactly the keys
+    the state holds and has no ``step``. So: allocate, set ``step`` aside, copy the tensors, and
+    give each parameter its own ``step`` (torch's Adam increments it in place per parameter)."""
+    opt.load_state_dict(common)
+    steps = {p: s.pop("step") for p, s in opt.optimizer.state.items() if "step" in s}
+    opt.load_parameter_state_from_dp_zero(state)
+    for p, step in steps.items():
+        opt.optimizer.state[p]["step"] = step.detach().clone()
 
 
 def _rng_state() -> dict:
@@ -114,8 +129,9 @@ def save(trainer, keep: int = 3) -> Path:
                                 sharded_strategy=_save_strategy())
         if distopt:
             # per inner optimizer: the parameter state (main params, moments) gathered to the first
-            # data-parallel rank. Adam's step count is not part of it (see the module docstring)
-            states = [{"params": opt.get_parameter_state_dp_zero()} for opt in _inner(trainer.optimizer)]
+            # data-parallel rank, plus the common state (param groups with Adam's step count, loss scaler)
+            states = [{"params": opt.get_parameter_state_dp_zero(), "common": opt.state_dict()}
+                      for opt in _inner(trainer.optimizer)]
             if lay.dp_rank == 0:
                 (work / "distopt").mkdir(exist_ok=True)
                 torch.save(states, work / "distopt" / f"mp_rank_{lay.tp_rank:02d}_{lay.pp_rank:03d}.pt")
@@ -173,7 +189,7 @@ def load(trainer, path: Path) -> None:
                 raise CheckpointError(f"{file} is missing; the checkpoint's distributed-optimizer state is incomplete.")
             with torch.no_grad():  # it copies into the fp32 main parameters, which require grad
                 for state, opt in zip(states, _inner(trainer.optimizer)):
-                    opt.load_parameter_state_from_dp_zero(state["params"] if lay.dp_rank == 0 else None)
+                    _load_distributed_optimizer(opt, state["params"] if lay.dp_rank == 0 else None, state["common"])
         else:
             if dist.get_rank() == 0:
                 print(f"zhnlp: {path} holds {'distributed-' if distopt else ''}optimizer state that cannot be "
