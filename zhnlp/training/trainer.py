@@ -27,12 +27,13 @@ from zhnlp.errors import ZhnlpError
 from zhnlp.training.config import RunConfig
 
 
-def masked_lm_step(data_iterator, model):
-    """Forward one micro-batch; the last stage returns the loss (mean over predicted tokens)."""
+def forward_step(data_iterator, model):
+    """Forward one micro-batch of any objective: the head computes the loss from the labels in the
+    batch (``labels`` for masked LM, classification and tagging; ``start_positions`` and
+    ``end_positions`` for spans). The last stage returns the loss (the head's mean)."""
     batch = next(data_iterator)
     kwargs = {"fp32_output": False} if model.config.bf16 or model.config.fp16 else {}  # Float16Module: keep the dict
-    out = model(batch["input_ids"], attention_mask=batch["attention_mask"], token_type_ids=batch["token_type_ids"],
-                labels=batch["labels"], gather_logits=False, **kwargs)
+    out = model(**batch, gather_logits=False, **kwargs)
 
     def loss_func(output):
         loss = output["loss"]
@@ -42,10 +43,36 @@ def masked_lm_step(data_iterator, model):
     return out, loss_func
 
 
+masked_lm_step = forward_step  # pretraining's step: the MLM head's loss over the masked tokens
+
+
+def run_options(cfg: RunConfig) -> dict:
+    """The run-side model options of ``cfg`` (precision, sequence parallelism, recompute) that
+    ``PretrainedModel`` passes to megatron's TransformerConfig."""
+    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[cfg.precision]
+    run = {"sequence_parallel": cfg.parallel.sequence_parallel}
+    if dtype != torch.float32:  # half-precision weights; the optimizer keeps fp32 main copies
+        run.update(params_dtype=dtype, bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16)
+    if cfg.recompute == "full":
+        run.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
+    elif cfg.recompute == "selective":
+        run.update(recompute_granularity="selective", recompute_modules=["core_attn"])
+    return run
+
+
 class Trainer:
     """Builds model, optimizer, scheduler and data for a :class:`RunConfig` and trains it."""
 
-    def __init__(self, cfg: RunConfig):
+    def __init__(self, cfg: RunConfig, model=None, batches=None, tokenizer_name: str | None = None):
+        """Args:
+            cfg: the run.
+            model: ``model(run_options) -> PretrainedModel``, built after the process groups exist
+                (fine-tuning loads a checkpoint with a task head here). Default: a fresh masked-LM
+                model of ``cfg.model`` trained on ``cfg.data`` (pretraining).
+            batches: ``batches(step) -> list of micro-batch dicts`` for this data-parallel rank;
+                required with ``model``.
+            tokenizer_name: recorded in checkpoints (export writes this tokenizer).
+        """
         from megatron.core import parallel_state as ps
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.distributed import finalize_model_grads
@@ -60,16 +87,17 @@ class Trainer:
         self.cfg = cfg
         self.layout = lay = distributed.init(tp=p.tp, pp=p.pp, vpp=p.vpp, seed=cfg.seed)
         cfg.check(lay.world_size)
-        self.dataset = self._dataset()
-        run = {"sequence_parallel": p.sequence_parallel}
-        if dtype != torch.float32:  # half-precision weights; the optimizer keeps fp32 main copies
-            run.update(params_dtype=dtype, bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16)
-        if cfg.recompute == "full":
-            run.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
-        elif cfg.recompute == "selective":
-            run.update(recompute_granularity="selective", recompute_modules=["core_attn"])
-        arch = ErnieConfig.from_dict(cfg.model)
-        self.model = PretrainedModel.from_config(FAMILY, arch, "mlm", seed=cfg.seed, **run)
+        run = run_options(cfg)
+        if model is None:
+            self.dataset = self._dataset()
+            self.batches = self._micro_batches
+            arch = ErnieConfig.from_dict(cfg.model)
+            self.model = PretrainedModel.from_config(FAMILY, arch, "mlm", seed=cfg.seed, **run)
+        else:
+            if batches is None:
+                raise TypeError("Trainer(model=...) needs batches=step -> micro-batches as well")
+            self.model, self.batches = model(run), batches
+            self.tokenizer_name = tokenizer_name
         self.config = tconf = self.model.transformer_config
         with cpu.device_mode():
             ddp = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
@@ -145,7 +173,8 @@ class Trainer:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         d = self.cfg.data
-        micro = self._micro_batches(self.step)
+        micro = self.batches(self.step)
+        seq = micro[0]["input_ids"].shape[1]  # fine-tuning pads each global batch to its longest sample
         start = time.perf_counter()
         with cpu.device_mode():
             for c in self.chunks:
@@ -154,8 +183,8 @@ class Trainer:
             self.optimizer.zero_grad()
             iters = [iter(micro) for _ in self.chunks] if len(self.chunks) > 1 else iter(micro)
             losses = get_forward_backward_func()(
-                forward_step_func=masked_lm_step, data_iterator=iters, model=self.chunks,
-                num_microbatches=len(micro), seq_length=d.seq_length, micro_batch_size=d.micro_batch_size,
+                forward_step_func=forward_step, data_iterator=iters, model=self.chunks,
+                num_microbatches=len(micro), seq_length=seq, micro_batch_size=d.micro_batch_size,
                 forward_only=False)
             ok, grad_norm, _ = self.optimizer.step()
             self.scheduler.step(increment=1)
@@ -166,11 +195,11 @@ class Trainer:
             loss /= self.layout.dp
         elapsed = time.perf_counter() - start
         self.step += 1
-        tokens = d.global_batch_size * d.seq_length
+        tokens = d.global_batch_size * seq
         return {"step": self.step, "loss": float(loss), "lr": self.optimizer.param_groups[0]["lr"],
                 "grad_norm": float(grad_norm) if grad_norm is not None else None,
                 "loss_scale": float(self.optimizer.get_loss_scale()), "skipped": int(not ok),
-                "tokens_per_s": tokens / elapsed, "mfu": self._flops(tokens) / elapsed / self._peak(),
+                "tokens_per_s": tokens / elapsed, "mfu": self._flops(tokens, seq) / elapsed / self._peak(),
                 "max_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 
     def train(self, steps: int | None = None) -> list[dict]:
@@ -208,11 +237,17 @@ class Trainer:
                     checkpoint.save(self, keep=ck.keep)
         return history
 
-    def _flops(self, tokens: int) -> float:
-        """Model FLOPs of one step: 6 x (non-embedding parameters) x tokens, plus attention."""
-        m, s = self.cfg.model, self.cfg.data.seq_length
+    def _flops(self, tokens: int, s: int) -> float:
+        """Model FLOPs of one step at sequence length ``s``: 6 x (matmul parameters) x tokens, plus
+        attention. The vocabulary projection counts only where it runs: on the predicted
+        positions (``mask_prob``) in masked-LM training, on every position under sequence
+        parallelism, not at all for task heads."""
+        m = self.cfg.model
         h, layers = m["hidden_size"], m["num_hidden_layers"]
-        dense = layers * (4 * h * h + 2 * h * m["intermediate_size"]) + h * m["vocab_size"]
+        head = 0.0
+        if self.model.head == "mlm":
+            head = h * m["vocab_size"] * (1.0 if self.cfg.parallel.sequence_parallel else self.cfg.data.mask_prob)
+        dense = layers * (4 * h * h + 2 * h * m["intermediate_size"]) + head
         return 6 * dense * tokens + 12 * layers * h * s * tokens
 
     def _peak(self) -> float:
