@@ -1,0 +1,200 @@
+"""Text classification data: single texts or text pairs with a label.
+
+Two file formats, told apart by the first non-blank line (``{`` starts JSON lines):
+
+* JSON lines: ``{"text": ..., "label": ...}`` or ``{"text_a": ..., "text_b": ..., "label": ...}`` (``text`` is an
+  alias of ``text_a``); the label is an int or a string and may be absent in unlabelled prediction files.
+  Other keys (``id``, ``qid``, ...) are ignored.
+* TSV (ChnSentiCorp / CLUE style): a header line naming the columns, e.g. ``label<TAB>text_a``,
+  ``qid<TAB>label<TAB>text_a`` or ``text_a<TAB>text_b<TAB>label``; no quoting, a tab never occurs inside a field.
+
+Labels are strings throughout (``1`` and ``"1"`` are the same label); :func:`encode_classification` maps them
+to indices in the label list.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from zhnlp.data.tasks import Problems, first_line
+from zhnlp.errors import DataError
+
+TEXT_COLUMNS = ("text", "text_a")  # either names the first text
+KNOWN_COLUMNS = {"label", "text", "text_a", "text_b", "qid", "id"}
+
+
+@dataclass
+class TextExample:
+    """One classification example; ``line`` is its 1-based line in the file (0 when built in code)."""
+
+    text_a: str
+    text_b: str | None
+    label: str | None
+    line: int
+
+
+def _label_key(label: str) -> tuple:
+    # numeric strings by value ("2" before "10"), after them every other label alphabetically
+    return (0, int(label), label) if re.fullmatch(r"-?\d+", label) else (1, 0, label)
+
+
+def read_classification(path, label_list: list[str] | None = None) -> tuple[list[TextExample], list[str]]:
+    """Read a classification file (JSON lines or TSV with a header, see the module docstring).
+
+    Returns the examples and the label list: ``label_list`` when given (a label outside it is an error), else
+    the labels found, sorted (numeric strings numerically). Blank lines are skipped. Every problem (invalid
+    JSON, a missing or empty text, a bad label, a wrong column count, labels on some lines but not others) is
+    collected and raised as one :class:`~zhnlp.errors.DataError` naming ``FILE:LINE`` for each.
+    """
+    path = Path(path)
+    try:
+        lines = path.read_text(encoding="utf-8-sig").replace("\r\n", "\n").split("\n")
+    except FileNotFoundError as e:
+        raise DataError(f"no classification file at {path}; check the path") from e
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path} is not UTF-8 text ({e}); convert it to UTF-8") from e
+    problems = Problems()
+    if first_line(lines).lstrip().startswith("{"):
+        examples = _read_jsonl(path, lines, problems)
+    else:
+        examples = _read_tsv(path, lines, problems)
+    labelled = [e for e in examples if e.label is not None]
+    if labelled and len(labelled) < len(examples):
+        for e in examples:
+            if e.label is None:
+                problems.add(f"{path}:{e.line}", "no label, while other lines have one; "
+                                                  "give every line a label, or none for a prediction file")
+    if label_list is not None:
+        allowed = set(label_list)
+        for e in labelled:
+            if e.label not in allowed:
+                problems.add(f"{path}:{e.line}", f"label {e.label!r} is not in the label set {list(label_list)}; "
+                                                  f"fix the label or pass a label_list that includes it")
+    problems.raise_if_any(f"cannot read {path}")
+    if not examples:
+        raise DataError(f"{path} holds no examples; check that it is the right file")
+    labels = list(label_list) if label_list is not None else sorted({e.label for e in labelled}, key=_label_key)
+    return examples, labels
+
+
+def _text_field(value, name: str) -> tuple[str | None, str | None]:
+    """(text, problem) for a text field's value."""
+    if not isinstance(value, str):
+        return None, f"{name!r} must be a string, got {type(value).__name__}"
+    if not value.strip():
+        return None, f"{name!r} is empty; remove the line or fill in the text"
+    return value, None
+
+
+def _read_jsonl(path: Path, lines: list[str], problems: Problems) -> list[TextExample]:
+    examples = []
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            problems.add(where, f"invalid JSON ({e.msg} at column {e.colno}); fix the line so that it is one JSON "
+                                "object like {\"text\": \"...\", \"label\": 1}")
+            continue
+        if not isinstance(row, dict):
+            problems.add(where, f"expected a JSON object, got {type(row).__name__}; write one object per line")
+            continue
+        if "text" in row and "text_a" in row:
+            problems.add(where, "has both 'text' and 'text_a' (aliases); keep one of them")
+            continue
+        key = "text" if "text" in row else "text_a"
+        if key not in row:
+            problems.add(where, "missing field 'text' (or 'text_a'); add the text to classify")
+            continue
+        text_a, problem = _text_field(row[key], key)
+        text_b = None
+        if problem is None and row.get("text_b") is not None:
+            text_b, problem = _text_field(row["text_b"], "text_b")
+        label = None
+        if problem is None and row.get("label") is not None:
+            label, problem = _label(row["label"])
+        if problem is not None:
+            problems.add(where, problem)
+            continue
+        examples.append(TextExample(text_a, text_b, label, number))
+    return examples
+
+
+def _label(value) -> tuple[str | None, str | None]:
+    if isinstance(value, bool) or not isinstance(value, (int, str)):
+        return None, f"label must be an int or a string, got {value!r}; write e.g. 1 or \"positive\""
+    label = str(value)
+    if not label.strip():
+        return None, "label is an empty string; fill it in or leave the field out for an unlabelled line"
+    return label, None
+
+
+def _read_tsv(path: Path, lines: list[str], problems: Problems) -> list[TextExample]:
+    start = next((i for i, line in enumerate(lines) if line.strip()), None)
+    if start is None:
+        return []
+    header = [c.strip() for c in lines[start].split("\t")]
+    text_col = next((c for c in TEXT_COLUMNS if c in header), None)
+    if text_col is None or len(set(header)) != len(header) or ("text" in header and "text_a" in header):
+        raise DataError(
+            f"{path}:{start + 1}: the first line {lines[start][:80]!r} is not a header naming the columns; "
+            f"fix: add a tab-separated header line such as 'label\\ttext_a', 'label\\ttext', 'qid\\tlabel\\ttext_a' "
+            f"or 'text_a\\ttext_b\\tlabel' (known columns: {sorted(KNOWN_COLUMNS)}), or use JSON lines")
+    column = {name: i for i, name in enumerate(header)}
+    examples = []
+    for number, line in enumerate(lines[start + 1:], start=start + 2):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        fields = line.split("\t")
+        if len(fields) != len(header):
+            problems.add(where, f"wrong column count: {len(fields)} tab-separated fields, the header has "
+                                f"{len(header)} ({' '.join(header)}); fix the tabs on this line")
+            continue
+        text_a, problem = _text_field(fields[column[text_col]], text_col)
+        text_b = None
+        if problem is None and "text_b" in column:
+            text_b, problem = _text_field(fields[column["text_b"]], "text_b")
+        label = None
+        if problem is None and "label" in column:
+            label, problem = _label(fields[column["label"]].strip())
+        if problem is not None:
+            problems.add(where, problem)
+            continue
+        examples.append(TextExample(text_a, text_b, label, number))
+    return examples
+
+
+def encode_classification(tokenizer, examples: list[TextExample], label_list: list[str],
+                          max_length: int = 128) -> list[dict]:
+    """Tokenise examples into feature dicts: ``input_ids``, ``token_type_ids``, ``attention_mask`` (unpadded
+    lists; :func:`~zhnlp.data.tasks.collate` pads) and ``labels`` (the label's index in ``label_list``, left out
+    when ``example.label`` is None). Texts longer than ``max_length`` tokens are truncated, pairs longest-first
+    (the longer text loses tokens until both fit)."""
+    index = {label: i for i, label in enumerate(label_list)}
+    features: list[dict | None] = [None] * len(examples)
+    # one batched tokenizer call per kind (single texts, pairs) is much faster than one call per example
+    for pairs in (False, True):
+        chosen = [i for i, e in enumerate(examples) if (e.text_b is not None) == pairs]
+        if not chosen:
+            continue
+        first = [examples[i].text_a for i in chosen]
+        second = [examples[i].text_b for i in chosen] if pairs else None
+        enc = tokenizer(first, second, truncation="longest_first" if pairs else True, max_length=max_length)
+        for j, i in enumerate(chosen):
+            feature = {"input_ids": enc["input_ids"][j], "attention_mask": enc["attention_mask"][j],
+                       "token_type_ids": enc["token_type_ids"][j] if "token_type_ids" in enc
+                       else [0] * len(enc["input_ids"][j])}
+            label = examples[i].label
+            if label is not None:
+                if label not in index:
+                    raise DataError(f"line {examples[i].line}: label {label!r} is not in the label list {label_list}; "
+                                    f"read the file with the same label_list you encode with")
+                feature["labels"] = index[label]
+            features[i] = feature
+    return features  # type: ignore[return-value]
