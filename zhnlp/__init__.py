@@ -32,6 +32,7 @@ from zhnlp.auto import (  # noqa: E402
     AutoModelForTokenClassification,
 )
 from zhnlp.cards import ModelCard, list_models  # noqa: E402
+from zhnlp.pipelines import pipeline  # noqa: E402
 from zhnlp.tokenizers import AutoTokenizer  # noqa: E402
 from zhnlp.tokenizers.segment import Segmenter, segment  # noqa: E402
 from zhnlp.errors import CheckpointError, LayoutError, ModelNotFoundError, ZhnlpError  # noqa: E402
@@ -53,5 +54,6 @@ __all__ = [
     "ZhnlpError",
     "distributed",
     "list_models",
+    "pipeline",
     "segment",
 ]

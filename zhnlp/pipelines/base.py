@@ -1,0 +1,172 @@
+"""The pipeline base class: five steps from raw text to plain Python results.
+
+Every task follows the same five steps (the shape of PaddleNLP's Taskflow):
+
+1. construct the model (a zhnlp Auto class, ``from_pretrained``),
+2. construct the tokenizer (``zhnlp.AutoTokenizer``),
+3. preprocess: check each input, then turn a chunk of inputs into features (one or more per input: long
+   question-answering contexts and NER texts become several windows),
+4. run: batched forwards in eval mode under ``torch.no_grad``, each batch padded to its longest feature,
+5. postprocess: features' outputs -> one plain-Python result per input (no tensors), with character offsets
+   into the caller's string.
+
+Inputs are consumed ``batch_size`` at a time (``iter_results``), so an input stream of any length runs in bounded
+memory; ``__call__`` returns one result for one input and a list for a list.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from typing import Any, Iterable, Iterator
+
+import torch
+
+logger = logging.getLogger("zhnlp")
+
+# The tensors a feature hands to the model; anything else in a feature (offsets, indices) stays on the host.
+MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask")
+
+UNSET = object()  # an option the caller did not pass (top_k=None means "all labels", not "default")
+
+
+class Pipeline:
+    """Base of the task pipelines; subclasses set the class attributes and implement steps 3 and 5.
+
+    Args:
+        model: a model name (``zhnlp.list_models()``), hub repo id or directory written by ``save_pretrained``.
+        tokenizer: a tokenizer object or where to load one from; defaults to the model's directory.
+        batch_size: inputs per forward (features per forward where one input gives several windows).
+        max_length: most tokens per feature, special tokens included; capped at the model's
+            ``max_position_embeddings``.
+        options: the task's options (see each task's docstring); ``__call__`` may override them per call.
+    """
+
+    task = ""
+    auto_class: str | None = None  # name of the zhnlp Auto class that builds the model; None: no model
+    default_model: str | None = None
+    default_options: dict = {}
+    # Model outputs kept per feature, and whether each has a sequence dimension to trim the padding from.
+    output_names: dict[str, bool] = {}
+
+    def __init__(self, model: str | os.PathLike | None = None, *, tokenizer=None, batch_size: int = 8,
+                 max_length: int = 512, **options):
+        if not isinstance(batch_size, int) or batch_size < 1:
+            raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
+        if not isinstance(max_length, int) or max_length < 8:
+            raise ValueError(f"max_length must be an integer of at least 8 tokens, got {max_length!r}.")
+        self.batch_size = batch_size
+        self.options = self._merge_options(options)
+        self.model = self._construct_model(model)
+        self.tokenizer = self._construct_tokenizer(model, tokenizer)
+        self.max_length = self._cap_max_length(max_length)
+
+    # ------------------------------------------------------------------ steps 1 and 2
+    def _construct_model(self, model):
+        """Step 1: load the model with this task's Auto class, in eval mode."""
+        import zhnlp.auto
+
+        name = model if model is not None else self.default_model
+        if name is None:
+            raise ValueError(f"the {self.task!r} pipeline needs a fine-tuned model: pass its directory (one written by "
+                             f"save_pretrained or `zhnlp export`) or hub repo id as model= (--model on the command "
+                             f"line).")
+        return getattr(zhnlp.auto, self.auto_class).from_pretrained(name).eval()
+
+    def _construct_tokenizer(self, model, tokenizer):
+        """Step 2: the tokenizer object given, or the one saved with the model (or at ``tokenizer``)."""
+        if tokenizer is None:
+            tokenizer = model if model is not None else self.default_model
+        if isinstance(tokenizer, (str, os.PathLike)):
+            from zhnlp.tokenizers import AutoTokenizer
+
+            return AutoTokenizer.from_pretrained(tokenizer)
+        return tokenizer
+
+    def _cap_max_length(self, max_length: int) -> int:
+        # Position ids beyond the table would index out of range inside the model; say so once and cap.
+        limit = self.model.config.max_position_embeddings
+        if max_length > limit:
+            logger.info("%s: max_length %d capped at the model's max_position_embeddings (%d).",
+                        self.task, max_length, limit)
+            return limit
+        return max_length
+
+    # ------------------------------------------------------------------ steps 3 to 5 (per task)
+    def check_input(self, item) -> Any:
+        """Step 3a: validate one raw input and return it in the form ``preprocess`` takes.
+        Raises ValueError/TypeError naming the problem (the CLI adds the input's line number)."""
+        raise NotImplementedError
+
+    def preprocess(self, items: list, options: dict) -> list[dict]:
+        """Step 3b: checked inputs -> features, each a dict with MODEL_INPUTS lists and ``example_index``."""
+        raise NotImplementedError
+
+    def postprocess(self, items: list, features: list[dict], outputs: list[dict], options: dict) -> list:
+        """Step 5: one plain-Python result per input from the features and their outputs."""
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ step 4
+    def run(self, features: list[dict], options: dict) -> list[dict]:
+        """Step 4: forward the features ``batch_size`` at a time; per feature, the outputs in ``output_names``
+        as float32 CPU tensors with the padding cut off."""
+        from zhnlp.data.tasks import collate
+
+        results: list[dict] = []
+        pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        with torch.no_grad():
+            for i in range(0, len(features), self.batch_size):
+                chunk = features[i:i + self.batch_size]
+                batch = collate([{k: f[k] for k in MODEL_INPUTS if k in f} for f in chunk], pad_token_id=pad_id)
+                out = self.model(**{k: batch[k] for k in MODEL_INPUTS if k in batch})
+                results.extend(self.split_outputs(out, chunk, options))
+        return results
+
+    def split_outputs(self, out, chunk: list[dict], options: dict) -> list[dict]:
+        """A batch's outputs -> one dict per feature (overridden by tasks that keep only part of the logits)."""
+        per_feature = []
+        for j, feature in enumerate(chunk):
+            n = len(feature["input_ids"])
+            per_feature.append({name: (out[name][j, :n] if per_token else out[name][j]).float().cpu()
+                                for name, per_token in self.output_names.items()})
+        return per_feature
+
+    # ------------------------------------------------------------------ calling
+    def __call__(self, inputs, **options):
+        """One result for one input; a list of results for a list of inputs."""
+        single = not isinstance(inputs, list)
+        results = list(self.iter_results([inputs] if single else inputs, **options))
+        return results[0] if single else results
+
+    def iter_results(self, inputs: Iterable, **options) -> Iterator:
+        """Results in input order, computed ``batch_size`` inputs at a time (for long streams)."""
+        merged = self._merge_options(options, base=self.options)
+        chunk: list = []
+        for item in inputs:
+            chunk.append(self.check_input(item))
+            if len(chunk) == self.batch_size:
+                yield from self._process(chunk, merged)
+                chunk = []
+        if chunk:
+            yield from self._process(chunk, merged)
+
+    def _process(self, items: list, options: dict) -> list:
+        features = self.preprocess(items, options)
+        outputs = self.run(features, options)
+        return self.postprocess(items, features, outputs, options)
+
+    def _merge_options(self, options: dict, base: dict | None = None) -> dict:
+        unknown = sorted(set(options) - set(self.default_options))
+        if unknown:
+            known = ", ".join(sorted(self.default_options)) or "none"
+            raise TypeError(f"unknown option(s) {unknown} for the {self.task!r} pipeline; its options: {known}.")
+        merged = {**(self.default_options if base is None else base), **options}
+        self.check_options(merged)
+        return merged
+
+    def check_options(self, options: dict) -> None:
+        """Raise ValueError for an option value the task cannot use (checked before any input is read)."""
+
+    def __repr__(self) -> str:
+        name = getattr(self.tokenizer, "name_or_path", None) if self.auto_class else None
+        return f"{type(self).__name__}(task={self.task!r}, model={name!r}, batch_size={self.batch_size})"

@@ -1,0 +1,115 @@
+"""``zhnlp predict TASK --model DIR [TEXT ...]``: run a pipeline, print one JSON result per line.
+
+Inputs come from the TEXT arguments, else from ``--input FILE`` (one input per line, ``-`` for stdin), else from
+stdin. For question answering every input is a JSON object ``{"question": ..., "context": ...}`` (jsonl in a
+file); for the other tasks it is the text itself. Blank lines are skipped. Results are printed as they are
+computed, ``--batch-size`` inputs at a time, so a long file streams through.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Iterator
+
+from zhnlp.errors import DataError
+from zhnlp.pipelines import ALIASES, pipeline, pipeline_class, task_names
+
+
+class _IntermixedParser(argparse.ArgumentParser):
+    """Lets TEXT arguments follow options (``predict TASK --model DIR TEXT...``): plain argparse matches the empty
+    TEXT list together with TASK and then rejects the texts after ``--model`` as unrecognised."""
+
+    _parsing = False
+
+    def parse_known_args(self, args=None, namespace=None):
+        if self._parsing:  # parse_known_intermixed_args calls back here for its two passes
+            return super().parse_known_args(args, namespace)
+        self._parsing = True
+        try:
+            return self.parse_known_intermixed_args(args, namespace)
+        finally:
+            self._parsing = False
+
+
+def add_cli(subparsers) -> None:
+    p = subparsers.add_parser("predict", help="run an inference pipeline (sentiment, QA, NER, fill-mask, "
+                                              "segmentation); one JSON result per line",
+                              description=__doc__.split("\n\n", 1)[1],
+                              formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.__class__ = _IntermixedParser  # the subparser is built by argparse; only its parsing changes
+    p.add_argument("task", choices=task_names(), metavar="TASK", help="one of: " + ", ".join(task_names()))
+    p.add_argument("texts", nargs="*", metavar="TEXT",
+                   help="inputs (for question-answering, JSON objects with question and context)")
+    p.add_argument("--model", help="model directory, model name or hub repo id (not used by word-segmentation)")
+    p.add_argument("--input", metavar="FILE", help="read inputs from FILE, one per line ('-': stdin)")
+    p.add_argument("--batch-size", type=int, default=8, help="inputs per forward pass (default 8)")
+    p.add_argument("--top-k", type=int, help="return the k best labels / tokens / answers")
+    p.add_argument("--max-length", type=int, default=512, help="most tokens per forward input (default 512)")
+    p.set_defaults(func=lambda args: predict(args, p))
+
+
+def predict(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    """Build the pipeline from ``args``, then print one JSON line per input."""
+    task = ALIASES.get(args.task, args.task)
+    if args.texts and args.input:
+        parser.error("give the inputs either as TEXT arguments or with --input FILE, not both")
+    options = {}
+    if args.top_k is not None:
+        if "top_k" not in pipeline_class(task).default_options:
+            parser.error(f"--top-k does not apply to {task}")
+        options["top_k"] = args.top_k
+    try:
+        pipe = pipeline(task, args.model, batch_size=args.batch_size, max_length=args.max_length, **options)
+    except (TypeError, ValueError) as e:  # usage problems (no model, bad sizes); ZhnlpErrors pass through
+        parser.error(str(e))
+    for result in pipe.iter_results(_checked(pipe, _inputs(args, task))):
+        print(json.dumps(result, ensure_ascii=False))
+    return 0
+
+
+def _inputs(args: argparse.Namespace, task: str) -> Iterator[tuple[str, object]]:
+    """``(where, input)`` pairs; ``where`` names the argument or FILE:LINE for error messages."""
+    if args.texts:
+        lines = ((f"TEXT argument {i}", text) for i, text in enumerate(args.texts, 1))
+    elif args.input and args.input != "-":
+        lines = _file_lines(args.input)
+    else:
+        if sys.stdin.isatty():
+            print("zhnlp predict: reading inputs from stdin, one per line (end with Ctrl-D)", file=sys.stderr)
+        lines = ((f"<stdin>:{n}", line) for n, line in enumerate(sys.stdin, 1))
+    for where, line in lines:
+        line = line.rstrip("\r\n")
+        if not line.strip():
+            continue
+        yield where, (_qa_input(where, line) if task == "question-answering" else line)
+
+
+def _file_lines(path: str) -> Iterator[tuple[str, str]]:
+    try:
+        with open(path, encoding="utf-8") as f:
+            yield from ((f"{path}:{n}", line) for n, line in enumerate(f, 1))
+    except FileNotFoundError:
+        raise DataError(f"--input {path}: no such file; pass a UTF-8 text file with one input per line") from None
+    except UnicodeDecodeError as e:
+        raise DataError(f"--input {path} is not UTF-8 ({e}); convert it, e.g. with iconv -t UTF-8") from None
+
+
+def _qa_input(where: str, line: str) -> dict:
+    try:
+        item = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise DataError(f'{where}: not JSON ({e}); write one object {{"question": ..., "context": ...}} '
+                        "per line") from None
+    return item
+
+
+def _checked(pipe, items: Iterator[tuple[str, object]]) -> Iterator:
+    # Each input is checked as it is read, so a bad one is reported by its line before its batch runs.
+    for where, item in items:
+        try:
+            pipe.check_input(item)
+        except (TypeError, ValueError) as e:
+            raise DataError(f"{where}: {e}") from None
+        yield item

@@ -1,0 +1,150 @@
+"""Extractive question answering: the span of the context that answers the question."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from zhnlp.data.tasks.mrc import MRCExample, build_mrc_features, decode_spans
+from zhnlp.pipelines.base import Pipeline
+
+_PAD_LOGIT = -1e9  # logits of padding positions when features of different lengths are stacked for decoding
+
+
+class QuestionAnsweringPipeline(Pipeline):
+    """Answer questions with a span of their context, using a fine-tuned question-answering model.
+
+    Input: a dict ``{"question": ..., "context": ...}``, a list of them, or ``question=..., context=...`` keyword
+    arguments (two strings, or two lists of the same length). Contexts longer than ``max_length`` tokens are read
+    in windows ``[CLS] question [SEP] window [SEP]`` whose starts are ``doc_stride`` context tokens apart (see
+    :mod:`zhnlp.data.tasks.mrc`); the answer may come from any window. Questions are cut to ``max_query_len``
+    tokens (default 64, at most half of ``max_length``).
+
+    Output per input: ``{"answer": str, "start": int, "end": int, "score": float}`` with
+    ``context[start:end] == answer``: the span (at most ``max_answer_len`` tokens) of highest start + end logit
+    over all windows (:func:`zhnlp.data.tasks.mrc.decode_spans`). ``score`` is the span's probability
+    ``P(start) * P(end)``, each a softmax over the context tokens of the window the span was found in. With no
+    valid span the answer is ``""`` at 0 with score 0. Option ``top_k``: a list of the ``top_k`` best distinct
+    spans instead, best first (the first is the single answer above).
+    """
+
+    task = "question-answering"
+    auto_class = "AutoModelForQuestionAnswering"
+    default_options = {"doc_stride": 128, "max_answer_len": 64, "max_query_len": 64, "top_k": None}
+    output_names = {"start_logits": True, "end_logits": True}
+
+    def __call__(self, inputs=None, *, question=None, context=None, **options):
+        """``qa({"question", "context"})``, ``qa([...])`` or ``qa(question=..., context=...)``."""
+        if question is not None or context is not None:
+            if inputs is not None or question is None or context is None:
+                raise ValueError("pass either one input (a dict or a list of dicts) or both question= and context=")
+            if isinstance(question, list) != isinstance(context, list) or (
+                    isinstance(question, list) and len(question) != len(context)):
+                raise ValueError("question= and context= must both be strings or both lists of the same length")
+            inputs = ([{"question": q, "context": c} for q, c in zip(question, context)]
+                      if isinstance(question, list) else {"question": question, "context": context})
+        if inputs is None:
+            raise ValueError("question answering needs an input: {'question': ..., 'context': ...}")
+        return super().__call__(inputs, **options)
+
+    def check_options(self, options):
+        for name in ("doc_stride", "max_answer_len", "max_query_len"):
+            if not isinstance(options[name], int) or options[name] < 1:
+                raise ValueError(f"{name} must be a positive integer, got {options[name]!r}.")
+        top_k = options["top_k"]
+        if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
+            raise ValueError(f"top_k must be None (one answer) or a positive integer, got {top_k!r}.")
+
+    def check_input(self, item):
+        if not isinstance(item, dict) or not {"question", "context"} <= set(item):
+            raise ValueError(f"a question-answering input is a dict with 'question' and 'context', got "
+                             f"{sorted(item) if isinstance(item, dict) else type(item).__name__}.")
+        if not isinstance(item["question"], str) or not isinstance(item["context"], str):
+            raise TypeError("'question' and 'context' must be strings.")
+        if not item["context"].strip():
+            raise ValueError("the context is empty; there is nothing to take an answer from.")
+        return item["question"], item["context"]
+
+    def preprocess(self, items, options):
+        examples = [MRCExample(qid=str(i), question=q, context=c) for i, (q, c) in enumerate(items)]
+        max_query_len = min(options["max_query_len"], self.max_length // 2)
+        features = build_mrc_features(self.tokenizer, examples, max_seq_len=self.max_length,
+                                      doc_stride=options["doc_stride"], max_query_len=max_query_len)
+        return [{"input_ids": f.input_ids, "token_type_ids": f.token_type_ids, "attention_mask": f.attention_mask,
+                 "example_index": f.example_index, "feature": f}
+                for f in features]
+
+    def postprocess(self, items, features, outputs, options):
+        examples = [MRCExample(qid=str(i), question=q, context=c) for i, (q, c) in enumerate(items)]
+        mrc_features = [f["feature"] for f in features]
+        width = max(len(f.input_ids) for f in mrc_features)
+        starts = np.full((len(features), width), _PAD_LOGIT)
+        ends = np.full((len(features), width), _PAD_LOGIT)
+        for row, out in enumerate(outputs):
+            starts[row, :len(out["start_logits"])] = out["start_logits"].numpy()
+            ends[row, :len(out["end_logits"])] = out["end_logits"].numpy()
+        best = decode_spans(examples, mrc_features, starts, ends, max_answer_len=options["max_answer_len"])
+        windows: dict[int, list[int]] = {}
+        for row, feature in enumerate(mrc_features):
+            windows.setdefault(feature.example_index, []).append(row)
+        results = []
+        for index, example in enumerate(examples):
+            span = best[example.qid]
+            rows = windows.get(index, [])
+            first = {"answer": span["text"], "start": span["start"], "end": span["end"],
+                     "score": _probability(mrc_features, starts, ends, rows, span["start"], span["end"])
+                     if span["text"] else 0.0}
+            if options["top_k"] is None:
+                results.append(first)
+                continue
+            others = _ranked_spans(example.context, mrc_features, starts, ends, rows, options["max_answer_len"],
+                                   n=options["top_k"] + 1)
+            ranked = [first] + [o for o in others if (o["start"], o["end"]) != (first["start"], first["end"])]
+            results.append([r for r in ranked if r["answer"]][:options["top_k"]])
+        return results
+
+
+def _context_probs(feature, starts, ends, row):
+    """Context token indices of a window and their start/end softmax probabilities over that window."""
+    ctx = np.array([i for i, o in enumerate(feature.offsets) if o is not None], dtype=np.int64)
+    p_start = np.exp(starts[row, ctx] - starts[row, ctx].max())
+    p_end = np.exp(ends[row, ctx] - ends[row, ctx].max())
+    return ctx, p_start / p_start.sum(), p_end / p_end.sum()
+
+
+def _probability(features, starts, ends, rows, start: int, end: int) -> float:
+    """P(start) * P(end) of the character span [start, end), in the best window whose tokens begin at ``start``
+    and end at ``end`` (an end moved past trailing combining marks is matched by the last token before it)."""
+    best = 0.0
+    for row in rows:
+        feature = features[row]
+        ctx, p_start, p_end = _context_probs(feature, starts, ends, row)
+        first = [k for k, i in enumerate(ctx) if feature.offsets[i][0] == start]
+        last = [k for k, i in enumerate(ctx) if start < feature.offsets[i][1] <= end]
+        if first and last and first[0] <= last[-1]:
+            best = max(best, float(p_start[first[0]] * p_end[last[-1]]))
+    return best
+
+
+def _ranked_spans(context: str, features, starts, ends, rows, max_answer_len: int, n: int) -> list[dict]:
+    """Up to ``n`` distinct character spans by start + end logit over all windows (decode_spans' criterion for
+    its single best span), each with its probability in its window."""
+    candidates = []
+    for order, row in enumerate(rows):
+        feature = features[row]
+        ctx, p_start, p_end = _context_probs(feature, starts, ends, row)
+        top_s = np.argsort(-starts[row, ctx], kind="stable")[:max(20, n)]
+        top_e = np.argsort(-ends[row, ctx], kind="stable")[:max(20, n)]
+        for a in top_s:
+            for b in top_e:
+                if 0 <= ctx[b] - ctx[a] < max_answer_len:
+                    s, e = feature.offsets[ctx[a]][0], feature.offsets[ctx[b]][1]
+                    candidates.append((-(starts[row, ctx[a]] + ends[row, ctx[b]]), order, int(ctx[a]), s, e,
+                                       float(p_start[a] * p_end[b])))
+    seen, out = set(), []
+    for *_, s, e, prob in sorted(candidates):
+        if (s, e) not in seen:
+            seen.add((s, e))
+            out.append({"answer": context[s:e], "start": s, "end": e, "score": prob})
+        if len(out) == n:
+            break
+    return out

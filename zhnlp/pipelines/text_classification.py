@@ -1,0 +1,75 @@
+"""Sentiment analysis / text classification: one label (or a ranking of labels) per text or text pair."""
+
+from __future__ import annotations
+
+import torch
+
+from zhnlp.pipelines.base import UNSET, Pipeline
+
+
+class TextClassificationPipeline(Pipeline):
+    """Classify texts with a fine-tuned sequence-classification model.
+
+    Input: a string, a dict ``{"text": ..., "text_pair": ...}`` (``text_pair`` optional, e.g. for sentence-pair
+    tasks such as AFQMC), or a list of those. Texts longer than ``max_length`` tokens (special tokens included)
+    are truncated to it: only their beginning is classified; a pair is trimmed from its longer side first.
+
+    Output per input: ``{"label": name, "score": probability}`` for the most probable label, names from the
+    model's ``config.id2label`` (``LABEL_i`` where it has none). Probabilities are the softmax over the labels;
+    for a single-output model or ``problem_type="multi_label_classification"`` each label's own sigmoid.
+
+    Option ``top_k``: ``None`` returns every label, an integer the ``top_k`` most probable ones, as a list of
+    ``{"label", "score"}`` sorted by score.
+    """
+
+    task = "sentiment-analysis"
+    auto_class = "AutoModelForSequenceClassification"
+    default_options = {"top_k": UNSET}
+    output_names = {"logits": False}
+
+    def check_options(self, options):
+        top_k = options["top_k"]
+        if not (top_k is UNSET or top_k is None or (isinstance(top_k, int) and top_k >= 1)):
+            raise ValueError(f"top_k must be None (every label) or a positive integer, got {top_k!r}.")
+
+    def check_input(self, item):
+        if isinstance(item, str):
+            return item, None
+        if isinstance(item, dict):
+            extra = sorted(set(item) - {"text", "text_pair"})
+            if "text" not in item or extra:
+                raise ValueError(f"a text-classification input dict has the keys 'text' and optionally 'text_pair', "
+                                 f"got {sorted(item)}.")
+            text, pair = item["text"], item.get("text_pair")
+            if not isinstance(text, str) or not (pair is None or isinstance(pair, str)):
+                raise TypeError("'text' and 'text_pair' must be strings.")
+            return text, pair
+        raise TypeError(f"text classification takes a string or a dict {{'text', 'text_pair'}}, "
+                        f"got {type(item).__name__}.")
+
+    def preprocess(self, items, options):
+        features = []
+        for i, (text, pair) in enumerate(items):
+            enc = self.tokenizer(text, pair, truncation=True, max_length=self.max_length)
+            features.append({"input_ids": enc["input_ids"], "token_type_ids": enc["token_type_ids"],
+                             "attention_mask": enc["attention_mask"], "example_index": i})
+        return features
+
+    def postprocess(self, items, features, outputs, options):
+        config = self.model.config
+        names = config.id2label or {}
+        sigmoid = config.num_labels == 1 or config.problem_type == "multi_label_classification"
+        top_k = options["top_k"]
+        results = []
+        for out in outputs:
+            logits = out["logits"]
+            probs = torch.sigmoid(logits) if sigmoid else torch.softmax(logits, dim=-1)
+            order = torch.argsort(probs, descending=True, stable=True).tolist()
+            ranked = [{"label": names.get(i, f"LABEL_{i}"), "score": float(probs[i])} for i in order]
+            if top_k is UNSET:
+                results.append(ranked[0])
+            elif top_k is None:
+                results.append(ranked)
+            else:
+                results.append(ranked[:top_k])
+        return results
