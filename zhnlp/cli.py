@@ -35,6 +35,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_models)
 
     from zhnlp.data import fetch, preprocess
+    from zhnlp.metrics import command as evaluate_command
+    from zhnlp.pipelines import command as predict_command
     from zhnlp.tokenizers import train
     from zhnlp.training import command, export, monitor
 
@@ -42,8 +44,11 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_cli(sub)        # zhnlp tokenizer train-wordpiece / train-sentencepiece
     preprocess.add_cli(sub)   # zhnlp preprocess --input ... --output PREFIX --tokenizer ...
     command.add_cli(sub)      # zhnlp pretrain --recipe ernie-debug --tp 2 ...
+    command.add_finetune_cli(sub)  # zhnlp finetune TASK --model DIR --train F --dev F [--test F]
     monitor.add_cli(sub)      # zhnlp plot RUN_DIR
     export.add_cli(sub)       # zhnlp export CHECKPOINT DIR (transformers format + tokenizer)
+    evaluate_command.add_cli(sub)  # zhnlp evaluate cmrc2018 DATASET.json PREDICTIONS.json
+    predict_command.add_cli(sub)   # zhnlp predict TASK --model DIR [TEXT ...]
     return parser
 
 

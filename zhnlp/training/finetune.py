@@ -1,0 +1,452 @@
+"""Task fine-tuning on the engine trainer: classification, reading comprehension, NER.
+
+``finetune(FinetuneConfig(...))`` loads a backbone with the task's head (``from_pretrained``
+rules: a directory, a model-card name or a hub id), reads and encodes the task data
+(``zhnlp.data.tasks``), and trains with :class:`zhnlp.training.trainer.Trainer` -- the same
+megatron-core loop, optimizer and parallel layouts as pretraining; only the head and the
+batches differ. After each epoch the dev set is scored with the task's official metric; the
+best model so far is written to ``OUTPUT/model`` (transformers format, with its tokenizer and
+label names), and at the end the test set is scored with that best model. ``OUTPUT/metrics.json``
+holds the per-epoch dev scores and the best dev and test scores; ``OUTPUT/metrics.jsonl`` the
+per-step training log.
+
+Batches: every epoch shuffles the training features with ``seed + epoch`` and cuts them into
+global batches (the last incomplete one is dropped; the next epoch's shuffle covers it). Each
+global batch is padded to its own longest feature (a multiple of 8), the same on every rank, so
+that every data-parallel and tensor-parallel layout sees the same numbers.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as dist
+
+from zhnlp.errors import DataError, ZhnlpError
+
+
+@dataclass
+class FinetuneConfig:
+    """One fine-tuning run. ``batch_size`` is the global batch (over data-parallel ranks and
+    gradient-accumulation micro-batches)."""
+
+    task: str  # classification | mrc | ner (aliases: sentiment, text-classification, cmrc2018, ...)
+    model: str  # directory, model name or hub repo id
+    train: str | None = None
+    dev: str | None = None
+    test: str | None = None
+    output: str = "runs/finetune"
+    epochs: int = 3
+    lr: float = 5e-5
+    warmup_ratio: float = 0.1
+    weight_decay: float = 0.01
+    batch_size: int = 32
+    micro_batch_size: int | None = None  # default: batch_size / data-parallel size (no accumulation)
+    eval_batch_size: int = 64
+    max_length: int | None = None  # tokens per feature (mrc: per window); default per task
+    doc_stride: int = 128  # mrc: tokens between the starts of consecutive context windows
+    max_query_length: int = 64
+    max_answer_length: int = 256  # mrc, in tokens (about 10% of CMRC2018 answers are longer than 64)
+    ner_stride: int = 32
+    labels: list[str] | None = None  # label set (default: from the training file)
+    max_steps: int | None = None  # stop early (quick runs and tests)
+    max_train_examples: int | None = None
+    dropout: float | None = None  # override the checkpoint's hidden/attention dropout
+    seed: int = 1234
+    precision: str = "fp32"
+    tp: int = 1
+    pp: int = 1
+    log_interval: int = 10
+    oracle: bool = False  # mrc: score gold positions through windowing and decoding, no training
+
+
+# ------------------------------------------------------------------------------------------ tasks
+class Task:
+    """What differs between tasks: head, reading, encoding and scoring."""
+
+    name = ""
+    head = ""
+    metric = ""  # the dev score that picks the best epoch
+    max_length = 128
+
+    def configure(self, cfg: FinetuneConfig) -> FinetuneConfig:
+        """Fill the settings the user left to the task."""
+        return dataclasses.replace(cfg, max_length=cfg.max_length or self.max_length)
+
+    def read(self, path: str, labels: list[str] | None):
+        """-> (examples, labels) ; labels is None for tasks without a label set."""
+        raise NotImplementedError
+
+    def encode(self, cfg: FinetuneConfig, tokenizer, examples, labels) -> list[dict]:
+        raise NotImplementedError
+
+    def score(self, cfg: FinetuneConfig, outputs: dict, examples, features, labels, path: str) -> tuple[dict, object]:
+        """-> (scores, predictions) from the model outputs over ``features``."""
+        raise NotImplementedError
+
+
+class ClassificationTask(Task):
+    name, head, metric = "classification", "sequence_classification", "accuracy"
+
+    def read(self, path, labels):
+        from zhnlp.data.tasks.classification import read_classification
+
+        return read_classification(path, label_list=labels)
+
+    def encode(self, cfg, tokenizer, examples, labels):
+        from zhnlp.data.tasks.classification import encode_classification
+
+        return encode_classification(tokenizer, examples, labels, max_length=cfg.max_length)
+
+    def score(self, cfg, outputs, examples, features, labels, path):
+        from zhnlp.metrics import classification_scores
+
+        predicted = [labels[i] for i in np.argmax(outputs["logits"], axis=-1)]
+        gold = [e.label for e in examples]
+        return classification_scores(predicted, gold, label_set=labels), predicted
+
+
+class MRCTask(Task):
+    name, head, metric = "mrc", "question_answering", "f1"
+    max_length = 512
+
+    def read(self, path, labels):
+        from zhnlp.data.tasks.mrc import read_squad
+
+        return read_squad(path), None
+
+    def encode(self, cfg, tokenizer, examples, labels):
+        from zhnlp.data.tasks.mrc import build_mrc_features
+
+        features = build_mrc_features(tokenizer, examples, max_seq_len=cfg.max_length, doc_stride=cfg.doc_stride,
+                                      max_query_len=cfg.max_query_length)
+        self._features = features
+        return [{"input_ids": f.input_ids, "token_type_ids": f.token_type_ids, "attention_mask": f.attention_mask,
+                 "start_positions": f.start_position, "end_positions": f.end_position, "_feature": f}
+                for f in features]
+
+    def score(self, cfg, outputs, examples, features, labels, path):
+        from zhnlp.data.tasks.mrc import decode_spans
+        from zhnlp.metrics.cmrc2018 import evaluate
+
+        spans = decode_spans(examples, [f["_feature"] for f in features], outputs["start_logits"],
+                             outputs["end_logits"], max_answer_len=cfg.max_answer_length)
+        predictions = {qid: s["text"] for qid, s in spans.items()}
+        return evaluate(path, predictions), predictions
+
+
+class NERTask(Task):
+    name, head, metric = "ner", "token_classification", "f1"
+
+    def read(self, path, labels):
+        from zhnlp.data.tasks.ner import label_list_from, read_ner
+
+        examples = read_ner(path)
+        found = label_list_from(examples)
+        if labels is None:
+            return examples, found
+        unknown = sorted(set(found) - set(labels))
+        if unknown:
+            raise DataError(f"{path}: tags {unknown} are not in the training set's tags {labels}; "
+                            "fix the file or train on data that has them.")
+        return examples, labels
+
+    def encode(self, cfg, tokenizer, examples, labels):
+        from zhnlp.data.tasks.ner import encode_ner
+
+        return encode_ner(tokenizer, examples, {t: i for i, t in enumerate(labels)}, max_length=cfg.max_length,
+                          stride=cfg.ner_stride)
+
+    def score(self, cfg, outputs, examples, features, labels, path):
+        from zhnlp.data.tasks.ner import decode_ner
+        from zhnlp.metrics.ner import entity_scores
+
+        tags = decode_ner(examples, features, outputs["logits"], dict(enumerate(labels)))
+        return entity_scores(tags, [e.tags for e in examples]), tags
+
+
+TASKS = {"classification": ClassificationTask, "mrc": MRCTask, "ner": NERTask}
+ALIASES = {"sentiment": "classification", "sentiment-analysis": "classification",
+           "text-classification": "classification", "question-answering": "mrc", "cmrc2018": "mrc",
+           "reading-comprehension": "mrc", "token-classification": "ner"}
+
+
+def get_task(name: str) -> Task:
+    key = ALIASES.get(name, name)
+    if key not in TASKS:
+        raise ZhnlpError(f"unknown task {name!r}; choose one of {', '.join(list(TASKS) + list(ALIASES))}.")
+    return TASKS[key]()
+
+
+# ------------------------------------------------------------------------------------------ batching
+_TRAIN_KEYS = ("input_ids", "token_type_ids", "attention_mask", "labels", "start_positions", "end_positions")
+
+
+def _collate(features: list[dict], pad_to: int) -> dict[str, torch.Tensor]:
+    from zhnlp.data.tasks import collate
+
+    return collate([{k: f[k] for k in _TRAIN_KEYS if k in f} for f in features], pad_to=pad_to)
+
+
+def _pad_length(features: list[dict], multiple: int) -> int:
+    longest = max(len(f["input_ids"]) for f in features)
+    return int(math.ceil(longest / multiple) * multiple)
+
+
+class EpochBatches:
+    """``batches(step)``: this data-parallel rank's micro-batches of global batch ``step``."""
+
+    def __init__(self, features: list[dict], global_batch: int, micro_batch: int, dp: int, dp_rank: int,
+                 seed: int, multiple: int = 8):
+        self.features, self.global_batch, self.micro_batch = features, global_batch, micro_batch
+        self.dp, self.dp_rank, self.seed, self.multiple = dp, dp_rank, seed, multiple
+        self.steps_per_epoch = len(features) // global_batch
+        if self.steps_per_epoch == 0:
+            raise DataError(f"the training set has {len(features)} features, fewer than one batch of {global_batch}; "
+                            "lower --batch-size or add data.")
+        self._order: tuple[int, np.ndarray] | None = None
+
+    def __call__(self, step: int) -> list[dict]:
+        epoch, pos = divmod(step, self.steps_per_epoch)
+        if self._order is None or self._order[0] != epoch:
+            self._order = (epoch, np.random.default_rng(self.seed + epoch).permutation(len(self.features)))
+        chosen = self._order[1][pos * self.global_batch:(pos + 1) * self.global_batch]
+        batch = [self.features[i] for i in chosen]
+        pad_to = _pad_length(batch, self.multiple)  # over the global batch: the same on every rank
+        per_rank = self.global_batch // self.dp
+        mine = batch[self.dp_rank * per_rank:(self.dp_rank + 1) * per_rank]
+        return [_collate(mine[i:i + self.micro_batch], pad_to) for i in range(0, per_rank, self.micro_batch)]
+
+
+# ------------------------------------------------------------------------------------------ inference
+@torch.no_grad()
+def predict(model, features: list[dict], batch_size: int, multiple: int = 8) -> dict[str, np.ndarray]:
+    """Run ``model`` (a PretrainedModel, any layout; every rank gets the outputs) over
+    ``features`` in order -> ``{output name: array (num_features, ...)}``. Per-token outputs are
+    padded to the longest feature with -1e4 (positions past a feature's end are never read)."""
+    model.eval()
+    width = max(len(f["input_ids"]) for f in features)
+    parts: dict[str, list[np.ndarray]] = {}
+    for i in range(0, len(features), batch_size):
+        chunk = features[i:i + batch_size]
+        batch = _collate(chunk, _pad_length(chunk, multiple))
+        out = model(batch["input_ids"], attention_mask=batch["attention_mask"],
+                    token_type_ids=batch["token_type_ids"])
+        for name, value in out.items():
+            if name == "loss" or value is None:
+                continue
+            value = value.float().cpu().numpy()
+            if name in ("start_logits", "end_logits") or value.ndim == 3:  # (b, s[, labels]): per token
+                value = value[:, :width]
+                pad = [(0, 0), (0, width - value.shape[1])] + [(0, 0)] * (value.ndim - 2)
+                value = np.pad(value, pad, constant_values=-1e4)
+            parts.setdefault(name, []).append(value)
+    return {name: np.concatenate(rows) for name, rows in parts.items()}
+
+
+# ------------------------------------------------------------------------------------------ the run
+def _load_split(task: Task, cfg: FinetuneConfig, tokenizer, path: str, labels):
+    examples, labels = task.read(path, labels)
+    if not examples:
+        raise DataError(f"{path} holds no examples.")
+    return examples, task.encode(cfg, tokenizer, examples, labels), labels
+
+
+def _run_config(cfg: FinetuneConfig, arch: dict, world_size: int, steps: int):
+    from zhnlp.training.config import (CheckpointConfig, DataConfig, LoggingConfig, OptimizerConfig,
+                                       ParallelConfig, RunConfig)
+
+    dp = max(world_size // (cfg.tp * cfg.pp), 1)
+    micro = cfg.micro_batch_size or max(cfg.batch_size // dp, 1)
+    return RunConfig(
+        recipe=f"finetune-{cfg.task}", model=arch, steps=steps, seed=cfg.seed, precision=cfg.precision,
+        output=cfg.output, parallel=ParallelConfig(tp=cfg.tp, pp=cfg.pp),
+        optimizer=OptimizerConfig(lr=cfg.lr, min_lr=0.0, warmup_steps=int(cfg.warmup_ratio * steps),
+                                  decay_style="linear", weight_decay=cfg.weight_decay),
+        data=DataConfig(seq_length=cfg.max_length, micro_batch_size=micro, global_batch_size=cfg.batch_size),
+        logging=LoggingConfig(log_interval=cfg.log_interval), checkpoint=CheckpointConfig())
+
+
+def finetune(cfg: FinetuneConfig) -> dict:
+    """Fine-tune, evaluate each epoch, keep the best model, score the test set; returns the
+    contents of ``OUTPUT/metrics.json`` (collective under torchrun: every rank calls it)."""
+    from zhnlp import distributed, hub
+    from zhnlp.models import family_for_model_type
+    from zhnlp.models.common.pretrained import PretrainedModel
+    from zhnlp.tokenizers import AutoTokenizer
+    from zhnlp.training.trainer import Trainer
+
+    task = get_task(cfg.task)
+    cfg = task.configure(cfg)
+    if cfg.oracle:
+        return oracle(cfg)
+    for name in ("train", "dev"):
+        if getattr(cfg, name) is None:
+            raise ZhnlpError(f"fine-tuning needs --{name} FILE.")
+        if not Path(getattr(cfg, name)).is_file():
+            raise DataError(f"--{name} {getattr(cfg, name)}: no such file.")
+    if cfg.test is not None and not Path(cfg.test).is_file():
+        raise DataError(f"--test {cfg.test}: no such file.")
+    started = time.time()
+    directory = hub.resolve(cfg.model)
+    tokenizer = AutoTokenizer.from_pretrained(directory)
+    raw = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    family = family_for_model_type(raw.get("model_type"), str(directory / "config.json"))
+
+    train_examples, train_features, labels = _load_split(task, cfg, tokenizer, cfg.train, cfg.labels)
+    if cfg.max_train_examples:
+        train_examples = train_examples[:cfg.max_train_examples]
+        train_features = task.encode(cfg, tokenizer, train_examples, labels)
+    dev = _load_split(task, cfg, tokenizer, cfg.dev, labels)[:2]
+    test = _load_split(task, cfg, tokenizer, cfg.test, labels)[:2] if cfg.test else None
+
+    overrides = {}
+    if labels is not None:
+        overrides["id2label"] = dict(enumerate(labels))
+    if cfg.dropout is not None:
+        overrides.update(hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.dropout)
+    arch = family.config_class.from_dict(raw, **overrides)
+
+    world = dist.get_world_size() if dist.is_initialized() else _env_world_size()
+    per_epoch = len(train_features) // cfg.batch_size
+    steps = per_epoch * cfg.epochs if cfg.max_steps is None else min(cfg.max_steps, per_epoch * cfg.epochs)
+    run = _run_config(cfg, arch.to_dict(), world, max(steps, 1))
+    holder = {}
+
+    def build(options):
+        holder["batches"] = EpochBatches(train_features, cfg.batch_size, run.data.micro_batch_size,
+                                         distributed.layout().dp, distributed.layout().dp_rank, cfg.seed,
+                                         multiple=8 * cfg.tp)
+        return PretrainedModel.from_checkpoint(family, arch, task.head, directory, seed=cfg.seed, **options)
+
+    trainer = Trainer(run, model=build, batches=lambda step: holder["batches"](step),
+                      tokenizer_name=str(directory))
+    rank0 = dist.get_rank() == 0
+    out = Path(cfg.output)
+    best_dir = out / "model"
+    history, best = [], None
+    epochs = math.ceil(steps / max(per_epoch, 1)) if per_epoch else 0
+    for epoch in range(1, epochs + 1):
+        end = min(epoch * per_epoch, steps)
+        log = trainer.train(steps=end)
+        scores, predictions = _evaluate(task, cfg, trainer.model, dev, labels, cfg.dev)
+        losses = [m["loss"] for m in log]
+        history.append({"epoch": epoch, "step": end, "train_loss": float(np.mean(losses)) if losses else None,
+                        "dev": scores})
+        if rank0:
+            print(f"epoch {epoch}: train loss {history[-1]['train_loss']:.4f}, dev "
+                  + ", ".join(f"{k} {v:.4f}" for k, v in scores.items() if isinstance(v, float)), flush=True)
+        if best is None or scores[task.metric] > best["dev"][task.metric]:
+            best = history[-1]
+            _save_model(trainer.model, tokenizer, best_dir)
+            if rank0:
+                _write_predictions(out / "dev_predictions.json", predictions)
+    result = {"task": task.name, "model": cfg.model, "metric": task.metric, "labels": labels,
+              "train_examples": len(train_examples), "train_features": len(train_features), "steps": steps,
+              "epochs": history, "best_epoch": best["epoch"] if best else None,
+              "dev": best["dev"] if best else None, "test": None}
+    if test is not None and best is not None:
+        final = PretrainedModel.from_checkpoint(family, family.config_class.from_json_file(best_dir / "config.json"),
+                                                task.head, best_dir, **_options(trainer))
+        result["test"], predictions = _evaluate(task, cfg, final, test, labels, cfg.test)
+        if rank0:
+            _write_predictions(out / "test_predictions.json", predictions)
+    result["time_s"] = round(time.time() - started, 1)
+    result["config"] = dataclasses.asdict(cfg)
+    if rank0:
+        _atomic_json(out / "metrics.json", result)
+    return result
+
+
+def _options(trainer) -> dict:
+    from zhnlp.training.trainer import run_options
+
+    return run_options(trainer.cfg)
+
+
+def _env_world_size() -> int:
+    import os
+
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def _evaluate(task: Task, cfg: FinetuneConfig, model, split, labels, path) -> tuple[dict, object]:
+    examples, features = split
+    outputs = predict(model, features, cfg.eval_batch_size, multiple=8 * cfg.tp)
+    model.train()
+    return task.score(cfg, outputs, examples, features, labels, path)
+
+
+def _save_model(model, tokenizer, directory: Path) -> None:
+    """Write the model (collective) and tokenizer next to it, then swap it in for the previous
+    best, so that an interrupted save leaves the previous best model intact."""
+    from zhnlp import distributed
+
+    work = directory.with_name(directory.name + ".incomplete")
+    if dist.get_rank() == 0 and work.exists():
+        shutil.rmtree(work)
+    distributed.barrier()
+    model.save_pretrained(work)
+    if dist.get_rank() == 0:
+        tokenizer.save_pretrained(work)
+        old = directory.with_name(directory.name + ".old")
+        if directory.exists():
+            directory.rename(old)
+        work.rename(directory)
+        shutil.rmtree(old, ignore_errors=True)
+    distributed.barrier()
+    model.train()
+
+
+def _write_predictions(path: Path, predictions) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    _atomic_json(path, predictions)
+
+
+def _atomic_json(path: Path, data) -> None:
+    import os
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False, default=_plain) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+def _plain(value):
+    if hasattr(value, "item"):
+        return value.item()
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    raise TypeError(f"cannot write {type(value).__name__} as JSON")
+
+
+def oracle(cfg: FinetuneConfig) -> dict:
+    """Reading comprehension: put the gold start/end positions through the same windowing and
+    span decoding as a model's logits (no training) and score them with the official metric."""
+    from zhnlp.data.tasks.mrc import oracle_report
+    from zhnlp.tokenizers import AutoTokenizer
+
+    task = get_task(cfg.task)
+    if task.name != "mrc":
+        raise ZhnlpError("--oracle is for reading comprehension (zhnlp finetune mrc ...).")
+    cfg = task.configure(cfg)
+    tokenizer = AutoTokenizer.from_pretrained(cfg.model)  # only the tokenizer takes part
+    result = {}
+    for split in ("train", "dev", "test"):
+        path = getattr(cfg, split)
+        if path is None:
+            continue
+        result[split] = oracle_report(path, tokenizer, max_seq_len=cfg.max_length, doc_stride=cfg.doc_stride,
+                                      max_answer_len=cfg.max_answer_length)
+    if not result:
+        raise ZhnlpError("--oracle needs at least one of --train/--dev/--test.")
+    _atomic_json(Path(cfg.output) / "oracle.json", result)
+    return result
