@@ -11,7 +11,7 @@ def add_cli(subparsers) -> None:
     p = subparsers.add_parser("pretrain", help="pretrain an ERNIE model (megatron-core engine)",
                               description="Pretrain with a recipe; run under torchrun for several processes.")
     p.add_argument("--recipe", default="ernie-debug", choices=sorted(RECIPES))
-    p.add_argument("--data", help="preprocessed corpus prefix (default for ernie-debug: the demo corpus)")
+    p.add_argument("--data", help="preprocessed corpus prefix (default for ernie-debug and ernie-tiny: the demo corpus)")
     p.add_argument("--output", help="run directory (metrics.jsonl)")
     p.add_argument("--tp", type=int)
     p.add_argument("--pp", type=int)
@@ -91,6 +91,8 @@ def add_finetune_cli(subparsers) -> None:
     p.add_argument("--doc-stride", type=int, help="mrc: tokens between context window starts")
     p.add_argument("--max-answer-length", type=int, help="mrc: longest answer in tokens")
     p.add_argument("--labels", help="comma-separated label set (default: the labels of --train)")
+    p.add_argument("--label-names", help="comma-separated names for the labels, in the order of --labels "
+                                         "(written to the model's id2label)")
     p.add_argument("--warmup-ratio", type=float)
     p.add_argument("--weight-decay", type=float)
     p.add_argument("--dropout", type=float, help="override the model's dropout")
@@ -112,8 +114,9 @@ def _finetune(args) -> int:
     from zhnlp.training.finetune import FinetuneConfig, finetune, get_task
 
     fields = {k: v for k, v in vars(args).items() if k not in ("func", "command") and v is not None}
-    if "labels" in fields:
-        fields["labels"] = [x.strip() for x in fields["labels"].split(",") if x.strip()]
+    for key in ("labels", "label_names"):
+        if key in fields:
+            fields[key] = [x.strip() for x in fields[key].split(",") if x.strip()]
     fields.setdefault("output", f"runs/finetune-{get_task(args.task).name}")
     import torch.distributed as dist
 

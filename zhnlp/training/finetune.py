@@ -57,6 +57,7 @@ class FinetuneConfig:
     max_answer_length: int = 256  # mrc, in tokens (about 10% of CMRC2018 answers are longer than 64)
     ner_stride: int = 32
     labels: list[str] | None = None  # label set (default: from the training file)
+    label_names: list[str] | None = None  # names for the model's id2label, one per label (default: the labels)
     max_steps: int | None = None  # stop early (quick runs and tests)
     max_train_examples: int | None = None
     dropout: float | None = None  # override the checkpoint's hidden/attention dropout
@@ -310,7 +311,10 @@ def finetune(cfg: FinetuneConfig) -> dict:
 
     overrides = {}
     if labels is not None:
-        overrides["id2label"] = dict(enumerate(labels))
+        names = cfg.label_names or labels
+        if len(names) != len(labels):
+            raise ZhnlpError(f"label_names {names} do not match the {len(labels)} labels {labels}; give one name each.")
+        overrides["id2label"] = dict(enumerate(names))
     if cfg.dropout is not None:
         overrides.update(hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.dropout)
     arch = family.config_class.from_dict(raw, **overrides)

@@ -132,7 +132,7 @@ class Trainer:
         from zhnlp.tokenizers import AutoTokenizer
 
         d = self.cfg.data
-        if d.prefix is None and self.cfg.recipe == "ernie-debug":
+        if d.prefix is None and self.cfg.recipe in ("ernie-debug", "ernie-tiny"):
             # the project's own corpus, fetched and preprocessed once (by rank 0; the others wait)
             from zhnlp.data.demo import demo_corpus
 
