@@ -43,3 +43,37 @@ def test_sigkill_ends_the_job_and_resume_continues(corpus, tmp_path):
     full = losses(pretrain(corpus / "data", tmp_path / "full", 1, "--steps", "400", "--stop-at", str(last + 3)))
     for step in range(last + 1, last + 4):
         assert resumed[step] == pytest.approx(full[step], abs=1e-5), step
+
+
+def test_sigkill_during_a_save_leaves_the_last_complete_checkpoint(corpus, tmp_path):
+    """A rank is killed the moment a save begins (its .incomplete directory appears): rank 0 can
+    only mark a checkpoint complete after every rank has written its shards, so that save must
+    never look complete, and --resume continues from the one before it."""
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
+           f"--master-port={free_port()}", "-m", "zhnlp", "pretrain", "--recipe", "ernie-debug", "--data",
+           str(corpus / "data"), "--output", str(out), "--steps", "400", "--seq-length", "32", "--tp", "2",
+           "--save-interval", "3"]
+    log = open(tmp_path / "job.log", "w")
+    job = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                           env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"})
+    ckpts = out / "checkpoints"
+    target = ckpts / "step_0000006.incomplete"  # the second save, so that one complete checkpoint exists
+    deadline = time.time() + 240
+    while not target.exists() and time.time() < deadline and job.poll() is None:
+        time.sleep(0.002)
+    assert target.exists(), "the second save never started:\n" + (tmp_path / "job.log").read_text()[-4000:]
+    ranks = psutil.Process(job.pid).children(recursive=False)  # torchrun's workers, one per rank
+    os.kill(ranks[-1].pid, signal.SIGKILL)
+    job.wait(timeout=120)
+    assert job.returncode != 0
+    assert not (ckpts / "step_0000006").exists(), "a save interrupted by a dead rank was marked complete"
+    from zhnlp.training.checkpoint import latest
+
+    assert latest(ckpts).name == "step_0000003"
+    resumed = losses(pretrain(corpus / "data", out, 1, "--resume", "--steps", "400", "--stop-at", "7",
+                              "--save-interval", "3"))
+    full = losses(pretrain(corpus / "data", tmp_path / "full", 1, "--steps", "400", "--stop-at", "7"))
+    for step in range(4, 8):
+        assert resumed[step] == pytest.approx(full[step], abs=1e-5), step
+    assert (ckpts / "step_0000006").is_dir() and not target.exists()  # redone, and the debris cleared
