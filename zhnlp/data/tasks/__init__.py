@@ -13,6 +13,7 @@ one error per run. :func:`collate` turns a list of feature dicts into a padded b
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import torch
@@ -109,3 +110,13 @@ def _padded(row: Mapping, key: str, width: int, pad: int, index: int) -> list[in
 def first_line(lines: Iterable[str]) -> str:
     """The first line that is not blank ('' for a file of blank lines): readers sniff the format from it."""
     return next((line for line in lines if line.strip()), "")
+
+
+def read_lines(path: Path, what: str) -> list[str]:
+    """The lines of a UTF-8 text file (a BOM and CRLF endings accepted), or one clear DataError."""
+    try:
+        return path.read_text(encoding="utf-8-sig").replace("\r\n", "\n").split("\n")
+    except FileNotFoundError as e:
+        raise DataError(f"no {what} file at {path}; check the path") from e
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path} is not UTF-8 text ({e}); convert it to UTF-8") from e

@@ -19,7 +19,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from zhnlp.data.tasks import Problems, first_line
+from zhnlp.data.tasks import Problems, first_line, read_lines
 from zhnlp.errors import DataError
 
 TEXT_COLUMNS = ("text", "text_a")  # either names the first text
@@ -50,12 +50,7 @@ def read_classification(path, label_list: list[str] | None = None) -> tuple[list
     collected and raised as one :class:`~zhnlp.errors.DataError` naming ``FILE:LINE`` for each.
     """
     path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8-sig").replace("\r\n", "\n").split("\n")
-    except FileNotFoundError as e:
-        raise DataError(f"no classification file at {path}; check the path") from e
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path} is not UTF-8 text ({e}); convert it to UTF-8") from e
+    lines = read_lines(path, "classification")
     problems = Problems()
     if first_line(lines).lstrip().startswith("{"):
         examples = _read_jsonl(path, lines, problems)

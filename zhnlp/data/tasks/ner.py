@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from zhnlp.data.tasks import IGNORE_INDEX, Problems, first_line
+from zhnlp.data.tasks import IGNORE_INDEX, Problems, first_line, read_lines
 from zhnlp.errors import DataError
 
 TAG = re.compile(r"^(?:O|[BIMES]-\S+)$")
@@ -49,12 +49,7 @@ def read_ner(path) -> list[NERExample]:
     that is not ``O``/``X-TYPE``, tags on some sentences but not others) is collected and raised as one
     :class:`~zhnlp.errors.DataError` naming ``FILE:LINE`` for each."""
     path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8-sig").replace("\r\n", "\n").split("\n")
-    except FileNotFoundError as e:
-        raise DataError(f"no NER file at {path}; check the path") from e
-    except UnicodeDecodeError as e:
-        raise DataError(f"{path} is not UTF-8 text ({e}); convert it to UTF-8") from e
+    lines = read_lines(path, "NER")
     problems = Problems()
     if first_line(lines).lstrip().startswith("{"):
         examples = _read_jsonl(path, lines, problems)
