@@ -14,7 +14,6 @@ backwards, and the first TP/DP rank of each pipeline stage writes that stage's t
 from __future__ import annotations
 
 import json
-import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -266,6 +265,7 @@ def write_safetensors(tensors: dict[str, torch.Tensor], path: Path, metadata: di
     """Write atomically: a crash leaves the previous file (if any) untouched."""
     from safetensors.torch import save_file
 
-    tmp = path.with_name(path.name + f".tmp{os.getpid()}")
-    save_file(tensors, str(tmp), metadata=metadata or {"format": "pt"})
-    os.replace(tmp, path)
+    from zhnlp.fileio import atomic_path
+
+    with atomic_path(path) as tmp:
+        save_file(tensors, str(tmp), metadata=metadata or {"format": "pt"})

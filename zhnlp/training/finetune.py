@@ -416,12 +416,10 @@ def _write_predictions(path: Path, predictions) -> None:
 
 
 def _atomic_json(path: Path, data) -> None:
-    import os
+    from zhnlp.fileio import write_json
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f"{path.name}.tmp{os.getpid()}")
-    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False, default=_plain) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    write_json(path, data, default=_plain)
 
 
 def _plain(value):

@@ -13,7 +13,6 @@ and ``save_pretrained`` (transformers directory out).
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 from pathlib import Path
@@ -21,7 +20,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from zhnlp import distributed
+from zhnlp import distributed, fileio
 from zhnlp.distributed import cpu
 from zhnlp.conversion import engine
 from zhnlp.models.common import heads as H
@@ -221,9 +220,7 @@ class PretrainedModel(torch.nn.Module):
                 self._write_index(directory)
             config = self.config.to_dict(architecture=bridge.hf_architecture(self.config, self.head))
             config["dtype"] = str(self.transformer_config.params_dtype).removeprefix("torch.")
-            tmp = directory / f"config.json.tmp{os.getpid()}"
-            tmp.write_text(json.dumps(config, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-            os.replace(tmp, directory / "config.json")
+            fileio.write_json(directory / "config.json", config)
         distributed.barrier()
 
     def _write_index(self, directory: Path) -> None:
@@ -241,9 +238,7 @@ class PretrainedModel(torch.nn.Module):
                         numel *= d
                     total += numel * torch.finfo(self.transformer_config.params_dtype).bits // 8
         index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-        tmp = directory / f"model.safetensors.index.json.tmp{os.getpid()}"
-        tmp.write_text(json.dumps(index, indent=2) + "\n", encoding="utf-8")
-        os.replace(tmp, directory / "model.safetensors.index.json")
+        fileio.write_json(directory / "model.safetensors.index.json", index)
         stale = directory / "model.safetensors"
         if stale.exists():  # a single-file save from an earlier run would shadow the shards
             stale.unlink()
