@@ -61,9 +61,11 @@ def _process_groups():
     exit lets gloo's threads be destroyed while still running (an abort after a finished run)."""
     from zhnlp import distributed
 
-    yield
-    distributed.barrier()
-    distributed.shutdown()
+    try:
+        yield
+        distributed.barrier()
+    finally:
+        distributed.shutdown()
 
 
 def add_finetune_cli(subparsers) -> None:

@@ -86,6 +86,10 @@ class Task:
         """-> (examples, labels) ; labels is None for tasks without a label set."""
         raise NotImplementedError
 
+    def unlabelled(self, example) -> bool:
+        """True for an example without its gold answer (a prediction file's line)."""
+        raise NotImplementedError
+
     def encode(self, cfg: FinetuneConfig, tokenizer, examples, labels) -> list[dict]:
         raise NotImplementedError
 
@@ -101,6 +105,9 @@ class ClassificationTask(Task):
         from zhnlp.data.tasks.classification import read_classification
 
         return read_classification(path, label_list=labels)
+
+    def unlabelled(self, example) -> bool:
+        return example.label is None
 
     def encode(self, cfg, tokenizer, examples, labels):
         from zhnlp.data.tasks.classification import encode_classification
@@ -123,6 +130,9 @@ class MRCTask(Task):
         from zhnlp.data.tasks.mrc import read_squad
 
         return read_squad(path), None
+
+    def unlabelled(self, example) -> bool:
+        return not example.answers
 
     def encode(self, cfg, tokenizer, examples, labels):
         from zhnlp.data.tasks.mrc import build_mrc_features
@@ -151,6 +161,8 @@ class NERTask(Task):
         from zhnlp.data.tasks.ner import label_list_from, read_ner
 
         examples = read_ner(path)
+        if any(self.unlabelled(e) for e in examples):
+            return examples, labels  # _load_split reports it, naming the file
         found = label_list_from(examples)
         if labels is None:
             return examples, found
@@ -159,6 +171,9 @@ class NERTask(Task):
             raise DataError(f"{path}: tags {unknown} are not in the training set's tags {labels}; "
                             "fix the file or train on data that has them.")
         return examples, labels
+
+    def unlabelled(self, example) -> bool:
+        return example.tags is None
 
     def encode(self, cfg, tokenizer, examples, labels):
         from zhnlp.data.tasks.ner import encode_ner
@@ -258,6 +273,11 @@ def _load_split(task: Task, cfg: FinetuneConfig, tokenizer, path: str, labels):
     examples, labels = task.read(path, labels)
     if not examples:
         raise DataError(f"{path} holds no examples.")
+    missing = sum(task.unlabelled(e) for e in examples)
+    if missing:
+        what = {"classification": "label", "mrc": "answer", "ner": "tags"}[task.name]
+        raise DataError(f"{path}: {missing} of {len(examples)} examples have no {what}; training, dev and test files "
+                        f"need one on every example (this looks like a file to predict on: use zhnlp predict).")
     return examples, task.encode(cfg, tokenizer, examples, labels), labels
 
 
