@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit.test_finetune import finetune_cli, make_tiny_model, read_json, read_jsonl, write_jsonl
+from tests.finetuning import finetune_cli, make_tiny_model, read_json, read_jsonl, write_jsonl
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 STEPS = 10
