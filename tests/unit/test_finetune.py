@@ -17,7 +17,6 @@ import numpy as np
 import pytest
 import torch
 
-from tests.conftest import ROOT
 from tests.finetuning import finetune_cli, make_tiny_model, read_json, read_jsonl, write_jsonl
 from zhnlp.data.sources import locate_cmrc2018
 from zhnlp.errors import DataError
