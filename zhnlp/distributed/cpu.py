@@ -20,6 +20,8 @@ effects are process-global and are listed here on purpose:
   filtered for that reason.)
 * megatron's ``jit_fuser`` (``torch.compile``) is made eager while megatron is imported:
   compiling its small fused kernels costs seconds per process on CPU and gains nothing.
+* The gradient norm of megatron's optimizers (reported, and used for clipping) is summed in
+  float64 instead of by megatron's no-apex fallback (see :func:`_l2_norm`).
 * Inside :func:`device_mode` (zhnlp enters it around its calls into megatron: model
   construction, process-group setup, pipeline schedules, the trainer's step), a
   ``TorchFunctionMode`` maps every CUDA device argument (``"cuda"``, ``"cuda:0"``,
@@ -88,6 +90,22 @@ def _eager_torch_compile():
         torch.compile = real
 
 
+def _l2_norm(chunk_size, noop_flag, tensor_lists, per_tensor, *args):
+    """Drop-in for apex's ``multi_tensor_l2norm`` (the norm of all tensors together, as a
+    1-element float32 tensor), accumulated in float64.
+
+    megatron's fallback takes ``torch.norm`` of each tensor, and torch's CPU norm kernel sums
+    float32 squares in a few long running sums: on the word-embedding gradient (vocabulary x
+    hidden) that loses about 3e-4, and a different amount on each tensor-parallel or
+    distributed-optimizer shard of it, so the gradient norm (and the clipping factor) would
+    depend on the parallel layout by about 1e-4 although the gradients agree to 1e-7.
+    """
+    squares = torch.zeros((), dtype=torch.float64)
+    for t in tensor_lists[0]:
+        squares += torch.linalg.vector_norm(t, dtype=torch.float64).square()
+    return squares.sqrt().float().reshape(1), None
+
+
 class _DropTrackerWarning(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         return "CPU RNG state changed within GPU RNG context" not in record.getMessage()
@@ -128,7 +146,9 @@ def install() -> None:
 
     with _eager_torch_compile():
         import megatron.core.jit  # noqa: F401  (binds jit_fuser to the eager stub)
+        import megatron.core.optimizer.clip_grads as mclip
         import megatron.core.tensor_parallel.random as mrandom
+        from megatron.core.utils import local_multi_tensor_l2_norm
 
     def get_state(device="cuda", clone=False, graph_safe=False):
         return torch.get_rng_state()
@@ -139,6 +159,8 @@ def install() -> None:
     mrandom._get_cuda_rng_state = get_state
     mrandom._set_cuda_rng_state = set_state
     logging.getLogger(mrandom.__name__).addFilter(_DropTrackerWarning())
+    if mclip.l2_norm_impl is local_multi_tensor_l2_norm:  # apex's or TE's kernel, where present, is accurate
+        mclip.l2_norm_impl = _l2_norm
 
 
 @contextlib.contextmanager
