@@ -19,6 +19,7 @@ import argparse
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -28,6 +29,12 @@ ROOT = Path(__file__).resolve().parent.parent
 MASKED = ["中华人民共和国的首都是北[MASK]。", "今年我国经济[MASK]展的势头很好。", "他在会上发表了重要讲[MASK]。"]
 REVIEWS = ["这本书写得很好，内容丰富，值得一读。", "质量太差了，用了两天就坏了，非常失望。",
            "酒店的服务很周到，房间也很干净。", "物流太慢，客服态度也不好。"]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def step(title: str) -> float:
@@ -66,7 +73,7 @@ def main() -> int:
           f"{counts['tokens']:,} tokens, whole words and entities ({time.time() - t:.0f}s)")
 
     t = step(f"2. pretrain ernie-tiny for {args.steps} steps on 2 processes (masked LM, whole-word/entity masking)")
-    run([py, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1", "--master-port=29517",
+    run([py, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1", f"--master-port={free_port()}",
          "-m", "zhnlp", "pretrain", "--recipe", "ernie-tiny", "--data", corpus, "--output", out / "pretrain",
          "--steps", args.steps, "--save-interval", args.steps, "--log-interval", min(20, args.steps)])
     metrics = [json.loads(x) for x in (out / "pretrain" / "metrics.jsonl").read_text().splitlines()]

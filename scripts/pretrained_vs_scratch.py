@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -40,6 +41,12 @@ FINETUNE = {
 }
 QUICK = ["max_steps=3", "max_train_examples=200", "log_interval=1"]
 METRIC = {"sentiment": ("accuracy", "macro_f1"), "cmrc2018": ("em", "f1"), "ner": ("f1", "precision", "recall")}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def run(cmd: list[str], log: Path) -> None:
@@ -76,7 +83,7 @@ def main() -> int:
         corpus = demo_corpus()
         start = time.time()
         run([py, "-m", "torch.distributed.run", f"--nproc-per-node={args.nproc}", "--master-addr=127.0.0.1",
-             "--master-port=29533", "-m", "zhnlp", "pretrain", "--recipe", args.recipe, "--data", str(corpus),
+             f"--master-port={free_port()}", "-m", "zhnlp", "pretrain", "--recipe", args.recipe, "--data", str(corpus),
              "--output", str(out / "pretrain"), "--steps", str(steps), "--save-interval", str(steps),
              "--seed", str(args.seed), "--log-interval", "20"], out / "pretrain.log")
         timings["pretrain_s"] = round(time.time() - start, 1)
