@@ -139,7 +139,6 @@ class MRCTask(Task):
 
         features = build_mrc_features(tokenizer, examples, max_seq_len=cfg.max_length, doc_stride=cfg.doc_stride,
                                       max_query_len=cfg.max_query_length)
-        self._features = features
         return [{"input_ids": f.input_ids, "token_type_ids": f.token_type_ids, "attention_mask": f.attention_mask,
                  "start_positions": f.start_position, "end_positions": f.end_position, "_feature": f}
                 for f in features]
@@ -269,7 +268,9 @@ def predict(model, features: list[dict], batch_size: int, multiple: int = 8) -> 
 
 
 # ------------------------------------------------------------------------------------------ the run
-def _load_split(task: Task, cfg: FinetuneConfig, tokenizer, path: str, labels):
+def _load_split(task: Task, cfg: FinetuneConfig, tokenizer, path: str, labels, limit: int | None = None):
+    """Read, check and encode one split -> (examples, features, labels); ``limit`` keeps the first
+    examples only (after the whole file is checked)."""
     examples, labels = task.read(path, labels)
     if not examples:
         raise DataError(f"{path} holds no examples.")
@@ -278,6 +279,7 @@ def _load_split(task: Task, cfg: FinetuneConfig, tokenizer, path: str, labels):
         what = {"classification": "label", "mrc": "answer", "ner": "tags"}[task.name]
         raise DataError(f"{path}: {missing} of {len(examples)} examples have no {what}; training, dev and test files "
                         f"need one on every example (this looks like a file to predict on: use zhnlp predict).")
+    examples = examples[:limit] if limit else examples
     return examples, task.encode(cfg, tokenizer, examples, labels), labels
 
 
@@ -322,10 +324,8 @@ def finetune(cfg: FinetuneConfig) -> dict:
     raw = json.loads((directory / "config.json").read_text(encoding="utf-8"))
     family = family_for_model_type(raw.get("model_type"), str(directory / "config.json"))
 
-    train_examples, train_features, labels = _load_split(task, cfg, tokenizer, cfg.train, cfg.labels)
-    if cfg.max_train_examples:
-        train_examples = train_examples[:cfg.max_train_examples]
-        train_features = task.encode(cfg, tokenizer, train_examples, labels)
+    train_examples, train_features, labels = _load_split(task, cfg, tokenizer, cfg.train, cfg.labels,
+                                                         limit=cfg.max_train_examples)
     dev = _load_split(task, cfg, tokenizer, cfg.dev, labels)[:2]
     test = _load_split(task, cfg, tokenizer, cfg.test, labels)[:2] if cfg.test else None
 
