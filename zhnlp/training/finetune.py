@@ -362,9 +362,10 @@ def finetune(cfg: FinetuneConfig) -> dict:
         end = min(epoch * per_epoch, steps)
         log = trainer.train(steps=end)
         scores, predictions = _evaluate(task, cfg, trainer.model, dev, labels, cfg.dev)
-        losses = [m["loss"] for m in log]
-        history.append({"epoch": epoch, "step": end, "train_loss": float(np.mean(losses)) if losses else None,
-                        "dev": scores})
+        # the loss lives on the last pipeline stage: take the logging rank's mean
+        mean = torch.tensor(float(np.mean([m["loss"] for m in log])) if log else float("nan"), dtype=torch.float64)
+        dist.broadcast(mean, src=trainer.logging_rank)
+        history.append({"epoch": epoch, "step": end, "train_loss": float(mean), "dev": scores})
         if rank0:
             print(f"epoch {epoch}: train loss {history[-1]['train_loss']:.4f}, dev "
                   + ", ".join(f"{k} {v:.4f}" for k, v in scores.items() if isinstance(v, float)), flush=True)
