@@ -87,6 +87,8 @@ def main() -> int:
     fill = zhnlp.pipeline("fill-mask", model=out / "pretrained", top_k=3)
     for text, guesses in zip(MASKED, fill(MASKED)):
         print(f"  {text}  ->  " + "  ".join(f"{g['token']} ({g['score']:.2f})" for g in guesses))
+    print("  (a few minutes of pretraining on a CPU teach mostly which characters are frequent; the model starts\n"
+          "   using the context after a few thousand steps: see scripts/pretrained_vs_scratch.py)")
 
     t = step(f"4. fine-tune on sentiment-reviews for {args.finetune_steps} steps (zhnlp finetune)")
     from zhnlp.data.fetch import fetch
