@@ -11,7 +11,7 @@
 4. Write OUTPUT/results.json and print a Markdown table (the README's table comes from here).
 
     .venv/bin/python scripts/pretrained_vs_scratch.py [--output runs/pretrained-vs-scratch]
-        [--pretrain-steps 1200] [--nproc 2] [--tasks sentiment,cmrc2018,ner] [--quick]
+        [--pretrain-steps 4000] [--nproc 2] [--tasks sentiment,cmrc2018,ner] [--quick]
 
 ``--quick`` shrinks everything to check the script itself (a minute or two; numbers meaningless).
 """
@@ -63,7 +63,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--output", type=Path, default=ROOT / "runs" / "pretrained-vs-scratch")
     ap.add_argument("--recipe", default="ernie-tiny")
-    ap.add_argument("--pretrain-steps", type=int, default=1200)
+    ap.add_argument("--pretrain-steps", type=int, default=4000)
     ap.add_argument("--nproc", type=int, default=2)
     ap.add_argument("--tasks", default="sentiment,cmrc2018,ner")
     ap.add_argument("--seed", type=int, default=1234)
