@@ -14,6 +14,8 @@
         [--pretrain-steps 4000] [--nproc 2] [--tasks sentiment,cmrc2018,ner] [--quick]
 
 ``--quick`` shrinks everything to check the script itself (a minute or two; numbers meaningless).
+Finished steps are kept: a second run (or one per ``--tasks`` subset, e.g. two in parallel on two
+cores) only does what is missing.
 """
 
 from __future__ import annotations
@@ -73,7 +75,6 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     py = sys.executable
     steps = 4 if args.quick else args.pretrain_steps
-    timings = {}
 
     # 1. pretrain and export (skipped when a finished export is there: re-runs only fine-tune)
     pretrained = out / "pretrained"
@@ -86,7 +87,8 @@ def main() -> int:
              f"--master-port={free_port()}", "-m", "zhnlp", "pretrain", "--recipe", args.recipe, "--data", str(corpus),
              "--output", str(out / "pretrain"), "--steps", str(steps), "--save-interval", str(steps),
              "--seed", str(args.seed), "--log-interval", "20"], out / "pretrain.log")
-        timings["pretrain_s"] = round(time.time() - start, 1)
+        timings = {"pretrain_steps": steps, "pretrain_s": round(time.time() - start, 1)}
+        (out / "pretrain.json").write_text(json.dumps(timings) + "\n", encoding="utf-8")
         run([py, "-m", "zhnlp", "export", str(out / "pretrain"), str(pretrained)], out / "export.log")
     # 2. the same architecture, random weights
     scratch = out / "scratch"
@@ -106,17 +108,20 @@ def main() -> int:
         for start_from, model in (("scratch", scratch), ("pretrained", pretrained)):
             run_dir = out / f"{task}-{start_from}"
             sets = settings + (QUICK if args.quick else []) + [f"seed={args.seed}"]
-            begin = time.time()
-            run([py, str(ROOT / "tasks" / script), "--model", str(model), "--output", str(run_dir),
-                 *[x for s in sets for x in ("--set", s)]], out / f"{task}-{start_from}.log")
+            if not (run_dir / "metrics.json").is_file():  # a finished run is kept (re-runs only collect)
+                run([py, str(ROOT / "tasks" / script), "--model", str(model), "--output", str(run_dir),
+                     *[x for s in sets for x in ("--set", s)]], out / f"{task}-{start_from}.log")
             metrics = json.loads((run_dir / "metrics.json").read_text(encoding="utf-8"))
             results.setdefault(task, {})[start_from] = {
                 "test": {k: metrics["test"][k] for k in METRIC[task]},
                 "dev": {k: metrics["dev"][k] for k in METRIC[task]},
                 "steps": metrics["steps"], "train_examples": metrics["train_examples"],
-                "time_s": round(time.time() - begin, 1)}
-    summary = {"recipe": args.recipe, "pretrain_steps": steps, "nproc": args.nproc, "quick": args.quick,
-               **timings, "results": results, "finetune_settings": {t: FINETUNE[t][1] for t in results}}
+                "time_s": metrics["time_s"]}
+    done = out / "pretrain.json"  # written when this directory's model was pretrained
+    timings = json.loads(done.read_text(encoding="utf-8")) if done.is_file() else {"pretrain_steps": steps}
+    steps = timings["pretrain_steps"]
+    summary = {"recipe": args.recipe, "nproc": args.nproc, "quick": args.quick, **timings, "results": results,
+               "finetune_settings": {t: FINETUNE[t][1] for t in results}}
     (out / "results.json").write_text(json.dumps(summary, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
 
     # 4. the table
