@@ -26,7 +26,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-MASKED = ["中华人民共和国的首都是北[MASK]。", "今年我国经济[MASK]展的势头很好。", "他在会上发表了重要讲[MASK]。"]
+# whole words masked, as in pretraining (whole-word masking rarely hides half a word)
+MASKED = ["中华人民共和国的首都是[MASK][MASK]。", "今年我国经济[MASK][MASK]的势头很好。", "新华社北京一月一日[MASK]。"]
 REVIEWS = ["这本书写得很好，内容丰富，值得一读。", "质量太差了，用了两天就坏了，非常失望。",
            "酒店的服务很周到，房间也很干净。", "物流太慢，客服态度也不好。"]
 
@@ -86,7 +87,9 @@ def main() -> int:
 
     fill = zhnlp.pipeline("fill-mask", model=out / "pretrained", top_k=3)
     for text, guesses in zip(MASKED, fill(MASKED)):
-        print(f"  {text}  ->  " + "  ".join(f"{g['token']} ({g['score']:.2f})" for g in guesses))
+        per_mask = guesses if isinstance(guesses[0], list) else [guesses]  # one list per [MASK]
+        print(f"  {text}  ->  " + " | ".join("  ".join(f"{g['token']} ({g['score']:.2f})" for g in m)
+                                             for m in per_mask))
     print("  (a few minutes of pretraining on a CPU teach mostly which characters are frequent; the model starts\n"
           "   using the context after a few thousand steps: see scripts/pretrained_vs_scratch.py)")
 
