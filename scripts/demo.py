@@ -9,8 +9,8 @@
    ``zhnlp finetune`` and print dev and test accuracy.
 5. Answer a few new sentences with ``zhnlp.pipeline("sentiment-analysis")``.
 
-About six minutes on 2 CPU cores (measured: 5.0 min after the install). Everything goes to ``--output`` (default runs/demo); a second
-run starts again from scratch. ``--steps`` and ``--finetune-steps`` change the lengths.
+About five minutes on 2 CPU cores after the install. Everything goes to ``--output`` (default
+runs/demo); a second run starts again from scratch. ``--steps`` and ``--finetune-steps`` change the lengths.
 """
 
 from __future__ import annotations
