@@ -13,8 +13,9 @@ one error per run. :func:`collate` turns a list of feature dicts into a padded b
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Iterable, Iterator, Mapping
 
 import torch
 
@@ -120,3 +121,24 @@ def read_lines(path: Path, what: str) -> list[str]:
         raise DataError(f"no {what} file at {path}; check the path") from e
     except UnicodeDecodeError as e:
         raise DataError(f"{path} is not UTF-8 text ({e}); convert it to UTF-8") from e
+
+
+def jsonl_objects(path: Path, lines: list[str], problems: Problems, example: str) -> Iterator[tuple[int, str, dict]]:
+    """``(line number, "FILE:LINE", object)`` for every non-blank line that holds a JSON object; lines
+    that are not valid JSON or not an object are reported to ``problems`` (``example`` shows the
+    expected shape) and skipped."""
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        where = f"{path}:{number}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            problems.add(where, f"invalid JSON ({e.msg} at column {e.colno}); fix the line so that it is one JSON "
+                                f"object like {example}")
+            continue
+        if not isinstance(row, dict):
+            problems.add(where, f"expected a JSON object, got {type(row).__name__}; write one object per line "
+                                f"like {example}")
+            continue
+        yield number, where, row

@@ -14,12 +14,11 @@ to indices in the label list.
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from zhnlp.data.tasks import Problems, first_line, read_lines
+from zhnlp.data.tasks import Problems, first_line, jsonl_objects, read_lines
 from zhnlp.errors import DataError
 
 TEXT_COLUMNS = ("text", "text_a")  # either names the first text
@@ -86,19 +85,7 @@ def _text_field(value, name: str) -> tuple[str | None, str | None]:
 
 def _read_jsonl(path: Path, lines: list[str], problems: Problems) -> list[TextExample]:
     examples = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{number}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            problems.add(where, f"invalid JSON ({e.msg} at column {e.colno}); fix the line so that it is one JSON "
-                                "object like {\"text\": \"...\", \"label\": 1}")
-            continue
-        if not isinstance(row, dict):
-            problems.add(where, f"expected a JSON object, got {type(row).__name__}; write one object per line")
-            continue
+    for number, where, row in jsonl_objects(path, lines, problems, '{"text": "...", "label": 1}'):
         if "text" in row and "text_a" in row:
             problems.add(where, "has both 'text' and 'text_a' (aliases); keep one of them")
             continue

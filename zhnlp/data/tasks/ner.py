@@ -17,14 +17,13 @@ tokenizer's own ``return_overflowing_tokens`` windows).
 
 from __future__ import annotations
 
-import json
 import re
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
-from zhnlp.data.tasks import IGNORE_INDEX, Problems, first_line, read_lines
+from zhnlp.data.tasks import IGNORE_INDEX, Problems, first_line, jsonl_objects, read_lines
 from zhnlp.errors import DataError
 
 TAG = re.compile(r"^(?:O|[BIMES]-\S+)$")
@@ -73,17 +72,9 @@ def _bad_tags(tags: list[str]) -> list[str]:
 
 def _read_jsonl(path: Path, lines: list[str], problems: Problems) -> list[NERExample]:
     examples = []
-    for number, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        where = f"{path}:{number}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            problems.add(where, f"invalid JSON ({e.msg} at column {e.colno}); write one object per line like "
-                                "{\"tokens\": [\"北\", \"京\"], \"tags\": [\"B-LOC\", \"I-LOC\"]}")
-            continue
-        tokens = row.get("tokens") if isinstance(row, dict) else None
+    example = '{"tokens": ["北", "京"], "tags": ["B-LOC", "I-LOC"]}'
+    for number, where, row in jsonl_objects(path, lines, problems, example):
+        tokens = row.get("tokens")
         if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) and t for t in tokens):
             problems.add(where, "missing or empty 'tokens'; give a non-empty list of non-empty strings")
             continue
