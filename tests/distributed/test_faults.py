@@ -16,15 +16,20 @@ from tests.distributed.conftest import losses, pretrain
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 
 
-def test_sigkill_ends_the_job_and_resume_continues(corpus, tmp_path):
-    out = tmp_path / "run"
+def start_training(corpus, out, log, save_interval: int) -> subprocess.Popen:
+    """A 400-step TP=2 pretraining job on 2 processes, saving every ``save_interval`` steps, its
+    output into ``log``; the tests kill one of its ranks."""
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
            f"--master-port={free_port()}", "-m", "zhnlp", "pretrain", "--recipe", "ernie-debug", "--data",
            str(corpus / "data"), "--output", str(out), "--steps", "400", "--seq-length", "32", "--tp", "2",
-           "--save-interval", "2"]
-    log = open(tmp_path / "job.log", "w")
-    job = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                           env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"})
+           "--save-interval", str(save_interval)]
+    return subprocess.Popen(cmd, cwd=ROOT, stdout=open(log, "w"), stderr=subprocess.STDOUT,
+                            env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"})
+
+
+def test_sigkill_ends_the_job_and_resume_continues(corpus, tmp_path):
+    out = tmp_path / "run"
+    job = start_training(corpus, out, tmp_path / "job.log", save_interval=2)
     ckpts = out / "checkpoints"
     deadline = time.time() + 240
     while not (ckpts / "step_0000002").exists() and time.time() < deadline and job.poll() is None:
@@ -50,13 +55,7 @@ def test_sigkill_during_a_save_leaves_the_last_complete_checkpoint(corpus, tmp_p
     only mark a checkpoint complete after every rank has written its shards, so that save must
     never look complete, and --resume continues from the one before it."""
     out = tmp_path / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--master-addr=127.0.0.1",
-           f"--master-port={free_port()}", "-m", "zhnlp", "pretrain", "--recipe", "ernie-debug", "--data",
-           str(corpus / "data"), "--output", str(out), "--steps", "400", "--seq-length", "32", "--tp", "2",
-           "--save-interval", "3"]
-    log = open(tmp_path / "job.log", "w")
-    job = subprocess.Popen(cmd, cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
-                           env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"})
+    job = start_training(corpus, out, tmp_path / "job.log", save_interval=3)
     ckpts = out / "checkpoints"
     target = ckpts / "step_0000006.incomplete"  # the second save, so that one complete checkpoint exists
     deadline = time.time() + 240

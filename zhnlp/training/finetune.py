@@ -30,6 +30,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from zhnlp import distributed
 from zhnlp.errors import DataError, ZhnlpError
 
 
@@ -219,10 +220,9 @@ def _pad_length(features: list[dict], multiple: int) -> int:
 class EpochBatches:
     """``batches(step)``: this data-parallel rank's micro-batches of global batch ``step``."""
 
-    def __init__(self, features: list[dict], global_batch: int, micro_batch: int, dp: int, dp_rank: int,
-                 seed: int, multiple: int = 8):
+    def __init__(self, features: list[dict], global_batch: int, micro_batch: int, seed: int, multiple: int = 8):
         self.features, self.global_batch, self.micro_batch = features, global_batch, micro_batch
-        self.dp, self.dp_rank, self.seed, self.multiple = dp, dp_rank, seed, multiple
+        self.seed, self.multiple = seed, multiple
         self.steps_per_epoch = len(features) // global_batch
         if self.steps_per_epoch == 0:
             raise DataError(f"the training set has {len(features)} features, fewer than one batch of {global_batch}; "
@@ -236,8 +236,9 @@ class EpochBatches:
         chosen = self._order[1][pos * self.global_batch:(pos + 1) * self.global_batch]
         batch = [self.features[i] for i in chosen]
         pad_to = _pad_length(batch, self.multiple)  # over the global batch: the same on every rank
-        per_rank = self.global_batch // self.dp
-        mine = batch[self.dp_rank * per_rank:(self.dp_rank + 1) * per_rank]
+        lay = distributed.layout()  # the trainer has set up the process groups by the first step
+        per_rank = self.global_batch // lay.dp
+        mine = batch[lay.dp_rank * per_rank:(lay.dp_rank + 1) * per_rank]
         return [_collate(mine[i:i + self.micro_batch], pad_to) for i in range(0, per_rank, self.micro_batch)]
 
 
@@ -301,7 +302,7 @@ def _run_config(cfg: FinetuneConfig, arch: dict, world_size: int, steps: int):
 def finetune(cfg: FinetuneConfig) -> dict:
     """Fine-tune, evaluate each epoch, keep the best model, score the test set; returns the
     contents of ``OUTPUT/metrics.json`` (collective under torchrun: every rank calls it)."""
-    from zhnlp import distributed, hub
+    from zhnlp import hub
     from zhnlp.models import family_for_model_type
     from zhnlp.models.common.pretrained import PretrainedModel
     from zhnlp.tokenizers import AutoTokenizer
@@ -343,16 +344,10 @@ def finetune(cfg: FinetuneConfig) -> dict:
     per_epoch = len(train_features) // cfg.batch_size
     steps = per_epoch * cfg.epochs if cfg.max_steps is None else min(cfg.max_steps, per_epoch * cfg.epochs)
     run = _run_config(cfg, arch.to_dict(), world, max(steps, 1))
-    holder = {}
-
-    def build(options):
-        holder["batches"] = EpochBatches(train_features, cfg.batch_size, run.data.micro_batch_size,
-                                         distributed.layout().dp, distributed.layout().dp_rank, cfg.seed,
-                                         multiple=8 * cfg.tp)
-        return PretrainedModel.from_checkpoint(family, arch, task.head, directory, seed=cfg.seed, **options)
-
-    trainer = Trainer(run, model=build, batches=lambda step: holder["batches"](step),
-                      tokenizer_name=str(directory))
+    batches = EpochBatches(train_features, cfg.batch_size, run.data.micro_batch_size, cfg.seed, multiple=8 * cfg.tp)
+    trainer = Trainer(run, model=lambda options: PretrainedModel.from_checkpoint(
+        family, arch, task.head, directory, seed=cfg.seed, **options), batches=batches,
+        tokenizer_name=str(directory))
     rank0 = dist.get_rank() == 0
     out = Path(cfg.output)
     best_dir = out / "model"
@@ -373,7 +368,7 @@ def finetune(cfg: FinetuneConfig) -> dict:
             best = history[-1]
             _save_model(trainer.model, tokenizer, best_dir)
             if rank0:
-                _write_predictions(out / "dev_predictions.json", predictions)
+                _atomic_json(out / "dev_predictions.json", predictions)
     result = {"task": task.name, "model": cfg.model, "metric": task.metric, "labels": labels,
               "train_examples": len(train_examples), "train_features": len(train_features), "steps": steps,
               "epochs": history, "best_epoch": best["epoch"] if best else None,
@@ -383,7 +378,7 @@ def finetune(cfg: FinetuneConfig) -> dict:
                                                 task.head, best_dir, **_options(trainer))
         result["test"], predictions = _evaluate(task, cfg, final, test, labels, cfg.test)
         if rank0:
-            _write_predictions(out / "test_predictions.json", predictions)
+            _atomic_json(out / "test_predictions.json", predictions)
     result["time_s"] = round(time.time() - started, 1)
     result["config"] = dataclasses.asdict(cfg)
     if rank0:
@@ -413,7 +408,6 @@ def _evaluate(task: Task, cfg: FinetuneConfig, model, split, labels, path) -> tu
 def _save_model(model, tokenizer, directory: Path) -> None:
     """Write the model (collective) and tokenizer next to it, then swap it in for the previous
     best, so that an interrupted save leaves the previous best model intact."""
-    from zhnlp import distributed
 
     work = directory.with_name(directory.name + ".incomplete")
     if dist.get_rank() == 0 and work.exists():
@@ -429,11 +423,6 @@ def _save_model(model, tokenizer, directory: Path) -> None:
         shutil.rmtree(old, ignore_errors=True)
     distributed.barrier()
     model.train()
-
-
-def _write_predictions(path: Path, predictions) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    _atomic_json(path, predictions)
 
 
 def _atomic_json(path: Path, data) -> None:

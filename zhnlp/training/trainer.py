@@ -46,10 +46,13 @@ def forward_step(data_iterator, model):
 masked_lm_step = forward_step  # pretraining's step: the MLM head's loss over the masked tokens
 
 
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # --precision -> parameters
+
+
 def run_options(cfg: RunConfig) -> dict:
     """The run-side model options of ``cfg`` (precision, sequence parallelism, recompute) that
     ``PretrainedModel`` passes to megatron's TransformerConfig."""
-    dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[cfg.precision]
+    dtype = DTYPES[cfg.precision]
     run = {"sequence_parallel": cfg.parallel.sequence_parallel}
     if dtype != torch.float32:  # half-precision weights; the optimizer keeps fp32 main copies
         run.update(params_dtype=dtype, bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16)
@@ -83,7 +86,7 @@ class Trainer:
         from zhnlp.models.ernie import FAMILY, ErnieConfig
 
         p, o = cfg.parallel, cfg.optimizer
-        dtype = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}[cfg.precision]
+        dtype = DTYPES[cfg.precision]
         self.cfg = cfg
         self.layout = lay = distributed.init(tp=p.tp, pp=p.pp, vpp=p.vpp, seed=cfg.seed)
         cfg.check(lay.world_size)
