@@ -64,6 +64,9 @@ class PretrainedModel(torch.nn.Module):
                 post_process=ps.is_pipeline_last_stage(ignore_virtual=False, vp_stage=vp_stage),
                 vp_stage=vp_stage))
         self.chunks = torch.nn.ModuleList(chunks)
+        # checkpoint keys whose weights were freshly initialised rather than loaded (a new task head);
+        # from_config: every parameter. Pipelines refuse such a model unless told otherwise.
+        self.fresh_weights: list[str] = []
         if torch.cuda.is_available():  # megatron builds on the CPU (use_cpu_initialization)
             self.chunks.to(distributed.device())
 
@@ -76,6 +79,7 @@ class PretrainedModel(torch.nn.Module):
         model = cls(family, arch, head, {"perform_initialization": False, **run_options})
         for chunk in model.chunks:
             model._init_parameters(chunk, None, seed)
+        model.fresh_weights = sorted({n for c in model.chunks for n in engine.global_param_names(c).values()})
         return model
 
     @classmethod
@@ -94,6 +98,7 @@ class PretrainedModel(torch.nn.Module):
         for chunk in model.chunks:
             left = engine.load_chunk(chunk, table, reader, lay.tp_rank, lay.tp, fresh)
             model._init_parameters(chunk, set(left), seed)
+        model.fresh_weights = list(report.fresh)
         if report.fresh and lay.rank == 0:
             logger.warning("%s has no weights for %s; they are freshly initialised (fine-tune before use).",
                            directory, ", ".join(report.fresh))
