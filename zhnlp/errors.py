@@ -19,3 +19,18 @@ class CheckpointError(ZhnlpError, ValueError):
 
 class DataError(ZhnlpError):
     """A dataset that cannot be fetched, unpacked or converted (see ``zhnlp.data.fetch``)."""
+
+
+class OutputExistsError(ZhnlpError):
+    """An output (run directory, export target, corpus prefix) that already holds something, or
+    is in use by another run."""
+
+
+class Interrupted(ZhnlpError):
+    """A run stopped by SIGTERM or SIGINT after finishing its step (and, for pretraining, saving a
+    checkpoint). ``exit_code`` is the shell convention: 128 + the signal number (143, 130)."""
+
+    def __init__(self, message: str, signum: int):
+        super().__init__(message)
+        self.signum = signum
+        self.exit_code = 128 + signum
