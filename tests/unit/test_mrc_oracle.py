@@ -92,3 +92,72 @@ def test_oracle_with_128_token_windows(tok, answer_tokens):
     assert sum(b - a + 1 > 128 - n - 3 for a, b, n, _ in answer_tokens.values()) == 27
     assert report["em"] == pytest.approx(100 * (1002 - len(missed)) / 1002)
     assert report["em"] > 92.5  # 70 misses with this tokenizer and data
+
+
+# ------------------------------------------------------------------ the trial set with references not in the context
+def _paraphrase(text: str, context: str, n: int) -> str:
+    """A variant of the answer ``text`` that does not occur in ``context``: a character dropped or changed, or a
+    word added (what alternative references in evaluation files look like)."""
+    middle = len(text) // 2
+    candidates = [text[:middle] + text[middle + 1:], text[:-1] + "之", "约" + text, text + "等", text + "一带"]
+    candidates = candidates[n % 3:] + candidates[:n % 3]  # vary the kind of change from question to question
+    return next(c for c in candidates if c.strip() and c not in context)
+
+
+@pytest.fixture(scope="module")
+def with_alternatives(tmp_path_factory):
+    """The trial set with one paraphrased reference added to every question, answer_start -1, put FIRST on every
+    third question. Written with a copy of the trial set's CC-BY-SA-4.0 licence, as a derived work must be."""
+    import json
+    import shutil
+
+    data = json.loads(CMRC.read_text(encoding="utf-8"))
+    data["attribution"] = ("Derived from the CMRC2018 trial set (Cui et al., 2019, https://github.com/ymcui/cmrc2018), "
+                           "CC-BY-SA-4.0 (see LICENCE beside this file): paraphrased alternative answers added.")
+    n = 0
+    for article in data["data"]:
+        for paragraph in article["paragraphs"]:
+            for qa in paragraph["qas"]:
+                alternative = {"text": _paraphrase(qa["answers"][0]["text"], paragraph["context"], n),
+                               "answer_start": -1}
+                qa["answers"] = [alternative, *qa["answers"]] if n % 3 == 0 else [*qa["answers"], alternative]
+                n += 1
+    directory = tmp_path_factory.mktemp("cmrc-alternatives")
+    shutil.copy(CMRC.parent / "LICENCE", directory / "LICENCE")
+    path = directory / "cmrc2018_trial_alternatives.json"
+    path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    return path, n
+
+
+def test_references_not_in_the_context_are_accepted_and_do_not_move_the_oracle(tok, with_alternatives):
+    path, added = with_alternatives
+    assert added == 1002
+    with pytest.warns(UserWarning) as caught:
+        examples = read_squad(path)
+    assert len(examples) == 1002 and examples.unlocatable_answers == 1002 and examples.unlocatable_questions == []
+    assert sum("answer_start -1" in str(w.message) or "not in the context" in str(w.message) for w in caught) == 0
+    assert sum(e.answers[0]["answer_start"] == -1 for e in examples) == 334  # first on every third question
+    # the fine-tuning defaults (zhnlp finetune mrc): 512-token windows, stride 128, answers up to 256 tokens
+    defaults = dict(max_seq_len=512, doc_stride=128, max_answer_len=256, max_query_len=64)
+    plain, derived = oracle_report(CMRC, tok, **defaults), oracle_report(path, tok, **defaults)
+    show(derived)
+    assert round(plain["em"], 2) == 99.70
+    assert derived["em"] >= 99.5
+    assert (derived["em"], derived["f1"]) == (plain["em"], plain["f1"])
+    assert derived["unlocatable_answers"] == 1002 and derived["unlocatable_questions"] == 0
+    assert [u["qid"] for u in derived["unreachable"]] == [u["qid"] for u in plain["unreachable"]]
+
+
+def test_training_on_the_trial_set_with_alternatives_uses_the_first_locatable_answer(tok, with_alternatives):
+    import warnings
+
+    from zhnlp.data.tasks.mrc import build_mrc_features
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plain, derived = read_squad(CMRC, training=True), read_squad(with_alternatives[0], training=True)
+    assert derived.unlocatable_questions == [] and len(derived) == len(plain) == 1002
+    assert [e.gold for e in derived] == [e.answers[0] for e in plain]
+    positions = [[(f.start_position, f.end_position) for f in build_mrc_features(tok, examples)]
+                 for examples in (plain, derived)]
+    assert positions[0] == positions[1] and sum(s > 0 for s, _ in positions[0]) >= 1002

@@ -261,8 +261,8 @@ def test_read_squad_errors_name_question_id_and_place(tmp_path):
                  {"id": "q3", "answers": [{"text": "北京", "answer_start": 0}]},
                  {"id": "q1", "question": "又一个", "answers": [{"text": "北京", "answer_start": 0}]})
     path = write(tmp_path, "s.json", json.dumps(data, ensure_ascii=False, indent=1))
-    with pytest.raises(DataError) as e:
-        read_squad(path, allow_empty_question=False)
+    with pytest.raises(DataError) as e:  # unfound="error": an answer not in the context is a problem too
+        read_squad(path, allow_empty_question=False, unfound="error")
     message = str(e.value)
     assert "4 problems" in message
     line = next(i for i, text in enumerate(path.read_text(encoding="utf-8").split("\n"), 1) if '"id": "q1"' in text)

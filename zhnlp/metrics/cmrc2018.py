@@ -147,12 +147,24 @@ def load_dataset(dataset: Mapping | str | Path) -> Mapping:
 
 def questions(dataset: Mapping | str | Path) -> Iterator[tuple[str, list[str]]]:
     """Yield ``(question id, reference answer texts)`` for every question of a SQuAD-format dataset (the id
-    stripped of surrounding whitespace, as the official script does)."""
+    stripped of surrounding whitespace, as the official script does; an integer id as its digits, as
+    :func:`zhnlp.data.tasks.mrc.read_squad` reads it).
+
+    Every reference counts, whether or not its text occurs in the context (``answer_start`` is not read):
+    evaluation files carry alternative references that are not verbatim in the context (CMRC2018 dev marks
+    them ``answer_start`` -1), and the metric compares texts."""
     for a, article in enumerate(load_dataset(dataset)["data"]):
         try:
             for paragraph in article["paragraphs"]:
                 for qa in paragraph["qas"]:
-                    yield qa["id"].strip(), [answer["text"] for answer in qa["answers"]]
+                    qid = qa["id"]
+                    qid = str(qid) if isinstance(qid, int) and not isinstance(qid, bool) else qid.strip()
+                    texts = [answer["text"] for answer in qa["answers"]]
+                    bad = [t for t in texts if not isinstance(t, str)]
+                    if bad:
+                        raise DataError(f"question {qid!r} has a reference answer {bad[0]!r} that is not a string; "
+                                        f"each answer is {{'text': str, 'answer_start': int}}")
+                    yield qid, texts
         except (KeyError, TypeError, AttributeError) as e:
             title = article.get("title", "") if isinstance(article, Mapping) else ""
             raise DataError(f"article {a} {title!r} of the dataset is not in SQuAD format ({type(e).__name__}: "

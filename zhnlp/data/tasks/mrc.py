@@ -19,6 +19,13 @@ produce no token at an answer's edge (a leading space) are simply not predicted;
 surrounding whitespace, so that costs nothing. Combining marks right after a span's last character (which
 accent stripping removes, e.g. the Hebrew dagesh) are added back to the span, since they belong to that character.
 :func:`oracle_report` lists every question whose best possible prediction is not exactly a gold answer.
+
+References that are not in the context. Evaluation files carry several reference answers per question, and some
+alternative references are not verbatim in the context (CMRC2018 dev marks 185 such with ``answer_start`` -1):
+the metric compares texts, so they are kept as scoring references (``answer_start`` -1 in :class:`MRCExample`).
+An answer is *locatable* when its text is at its ``answer_start`` (after the near-miss fix described in
+:func:`read_squad`). Gold token positions come from the first locatable answer; the oracle tries every locatable
+reference; training leaves out questions without one (``read_squad(..., training=True)``).
 """
 
 from __future__ import annotations
@@ -49,6 +56,35 @@ class MRCExample:
     answers: list[dict] = field(default_factory=list)
     title: str = ""
 
+    @property
+    def gold(self) -> dict | None:
+        """The first locatable answer (its text at its ``answer_start``), the one training and the gold token
+        positions use; None when no answer occurs in the context (references for scoring only)."""
+        return next((a for a in self.answers if located(a, self.context)), None)
+
+
+def located(answer: Mapping, context: str) -> bool:
+    """True when ``answer["text"]`` is non-empty and stands at ``answer["answer_start"]`` in ``context``."""
+    text, start = answer.get("text"), answer.get("answer_start")
+    return (isinstance(text, str) and bool(text) and isinstance(start, int) and 0 <= start
+            and context[start:start + len(text)] == text)
+
+
+class SquadExamples(list):
+    """The examples :func:`read_squad` returns: a plain list of :class:`MRCExample`, plus what the reader found.
+
+    ``unlocatable_questions``: ids of the questions none of whose answers occurs in its context; kept for
+    evaluation (scored against their texts, unreachable for the oracle), left out with ``training=True``.
+    ``unlocatable_answers``: how many answers are not in their context (kept as references with
+    ``answer_start`` -1, or dropped with ``unfound="drop"``). ``fixed_answers``: how many answer_starts were
+    moved to where their text occurs. Slicing gives a plain list."""
+
+    def __init__(self, examples=(), unlocatable_questions=(), unlocatable_answers: int = 0, fixed_answers: int = 0):
+        super().__init__(examples)
+        self.unlocatable_questions: list[str] = list(unlocatable_questions)
+        self.unlocatable_answers = unlocatable_answers
+        self.fixed_answers = fixed_answers
+
 
 @dataclass
 class MRCFeature:
@@ -72,35 +108,54 @@ class MRCFeature:
 
 
 # ============================================================== reading
+_UNFOUND = ("keep", "drop", "error")
+
+
 def read_squad(path_or_dict, check_answers: bool = True, *, fix_answer_start: bool = True,
-               drop_unfound: bool = False, allow_empty_question: bool = True) -> list[MRCExample]:
+               drop_unfound: bool = False, allow_empty_question: bool = True, unfound: str = "keep",
+               training: bool = False) -> SquadExamples:
     """Read a SQuAD v1 file (``data -> paragraphs -> qas``), or the same structure as a dict.
 
-    Problems are reported together in one :class:`~zhnlp.errors.DataError`, each naming the question id, its
-    place (``data[i].paragraphs[j].qas[k]``) and, for a file, the JSON line of its id.
+    Returns a :class:`SquadExamples` (a list of :class:`MRCExample` that also counts the answers and questions
+    not in their context). Problems are reported together in one :class:`~zhnlp.errors.DataError`, each naming
+    the question id, its place (``data[i].paragraphs[j].qas[k]``) and, for a file, the JSON line of its id.
 
     With ``check_answers`` (gold data) every question needs ``answers`` (an empty list only with
-    ``"is_impossible": true``) and each answer's text must occur at its ``answer_start``. Real data has
-    off-by-one starts (CMRC2018's trial set has five), so when the text occurs elsewhere in the context the start
-    is moved to the occurrence nearest the given one and a warning lists the fixes (``fix_answer_start=False``
-    makes this an error that says where the text occurs instead). An answer whose text occurs nowhere is an
-    error; with ``drop_unfound=True`` it is dropped with a warning instead (and its question, if no answer
-    remains), so that training runs on an imperfect file. Without ``check_answers``, ``answers`` may be missing
-    (a file to predict on) and answers are taken as given.
+    ``"is_impossible": true``) of non-empty texts. An answer whose text stands at its ``answer_start`` is
+    locatable. Real data has off-by-one starts (CMRC2018's trial set has five), so when the text occurs elsewhere
+    in the context the start is moved to the occurrence nearest the given one and a warning lists the fixes
+    (``fix_answer_start=False`` makes this an error that says where the text occurs instead; two occurrences
+    equally near are always an error).
+
+    An answer whose text occurs nowhere in the context (``answer_start`` -1 in CMRC2018 dev, whose alternative
+    references are often paraphrases) is handled by ``unfound``: ``"keep"`` (default) keeps it as a reference
+    for scoring with ``answer_start`` -1; ``"drop"`` (or ``drop_unfound=True``) drops it with a warning, and its
+    question if no answer remains; ``"error"`` reports it as a problem.
+
+    ``training=True`` reads a training file: gold positions come from each question's first locatable answer
+    (:attr:`MRCExample.gold`), and questions without one are left out with a warning (their ids are in
+    ``unlocatable_questions``); a file where no question has one is an error. Without ``check_answers``,
+    ``answers`` may be missing (a file to predict on) and answers are taken as given.
 
     Empty questions are kept with a warning (the model then sees only the context): the CMRC2018 trial set has
     two and its metric scores them, so evaluation must predict them too. ``allow_empty_question=False`` makes
     them errors.
     """
+    if drop_unfound:
+        unfound = "drop"
+    if unfound not in _UNFOUND:
+        raise ValueError(f"unfound={unfound!r}; choose one of {', '.join(map(repr, _UNFOUND))}")
     data, path, text = _load(path_or_dict)
+    name = path or "the dataset"
     lines = _id_lines(text) if text is not None else {}
-    problems, fixed, dropped, empty = Problems(), [], [], []
+    problems, empty, unlocatable = Problems(), [], []
+    state = _Answers(fix_answer_start, unfound, problems)
     examples: list[MRCExample] = []
     seen: dict[str, str] = {}
     articles = data.get("data") if isinstance(data, Mapping) else None
     if not isinstance(articles, list):
-        raise DataError(f"{path or 'the dataset'} is not in SQuAD format: expected a JSON object with a 'data' list "
-                        f"of articles, each with 'paragraphs' -> 'context', 'qas'; use a SQuAD v1 style file")
+        raise DataError(f"{name} is not in SQuAD format: expected a JSON object with a 'data' list of articles, "
+                        f"each with 'paragraphs' -> 'context', 'qas'; use a SQuAD v1 style file")
     for i, article in enumerate(articles):
         paragraphs = article.get("paragraphs") if isinstance(article, Mapping) else None
         if not isinstance(paragraphs, list):
@@ -122,23 +177,53 @@ def read_squad(path_or_dict, check_answers: bool = True, *, fix_answer_start: bo
                                                        f"unique because predictions are keyed by id")
                     continue
                 seen.setdefault(qid, qwhere)
-                example = _question(qa, context, title, check_answers, fix_answer_start, drop_unfound,
-                                    allow_empty_question, path, qwhere, lines, problems, fixed, dropped)
-                if example is not None:
-                    examples.append(example)
-                    if not example.question.strip():
-                        empty.append(example.qid)
-    problems.raise_if_any(f"cannot read {path or 'the dataset'} as SQuAD-format reading comprehension data")
+                example = _question(qa, context, title, check_answers, allow_empty_question, path, qwhere, lines,
+                                    problems, state)
+                if example is None:
+                    continue
+                if check_answers and example.answers and example.gold is None:
+                    unlocatable.append(example.qid)
+                    if training:
+                        continue
+                examples.append(example)
+                if not example.question.strip():
+                    empty.append(example.qid)
+    problems.raise_if_any(f"cannot read {name} as SQuAD-format reading comprehension data")
+    fixed, dropped = state.fixed, state.dropped
     if fixed:
-        warnings.warn(f"{path or 'the dataset'}: moved the answer_start of {len(fixed)} answer(s) to where their "
-                      f"text occurs: " + "; ".join(fixed[:10]) + (" ..." if len(fixed) > 10 else ""), stacklevel=2)
+        warnings.warn(f"{name}: moved the answer_start of {len(fixed)} answer(s) to where their text occurs: "
+                      + _listed(fixed), stacklevel=2)
     if empty:
-        warnings.warn(f"{path or 'the dataset'}: {len(empty)} question(s) are empty, kept: " + ", ".join(empty[:10])
-                      + (" ..." if len(empty) > 10 else ""), stacklevel=2)
+        warnings.warn(f"{name}: {len(empty)} question(s) are empty, kept: " + _listed(empty, ", "), stacklevel=2)
     if dropped:
-        warnings.warn(f"{path or 'the dataset'}: dropped {len(dropped)} answer(s) whose text is not in the context: "
-                      + "; ".join(dropped[:10]) + (" ..." if len(dropped) > 10 else ""), stacklevel=2)
-    return examples
+        warnings.warn(f"{name}: dropped {len(dropped)} answer(s) whose text is not in the context: "
+                      + _listed(dropped), stacklevel=2)
+    if training and unlocatable:
+        if not examples:
+            raise DataError(f"{name}: none of the {len(unlocatable)} questions has an answer whose text occurs in "
+                            f"its context, so there is nothing to train on; correct the answers' text and "
+                            f"answer_start, or use the file for evaluation only")
+        warnings.warn(f"{name}: left {len(unlocatable)} of {len(examples) + len(unlocatable)} question(s) out of "
+                      f"training because none of their answers occurs in the context (correct their text or "
+                      f"answer_start to train on them): " + _listed(unlocatable, ", "), stacklevel=2)
+    return SquadExamples(examples, unlocatable, state.unlocatable, len(fixed))
+
+
+def _listed(items: list[str], sep: str = "; ", limit: int = 10) -> str:
+    return sep.join(items[:limit]) + (" ..." if len(items) > limit else "")
+
+
+@dataclass
+class _Answers:
+    """How :func:`read_squad` checks answers, and what it found: fixed starts, dropped answers (as ``"QID answer
+    N"`` lines for the warnings) and the count of answers not in their context."""
+
+    fix_start: bool
+    unfound: str
+    problems: Problems
+    fixed: list = field(default_factory=list)
+    dropped: list = field(default_factory=list)
+    unlocatable: int = 0
 
 
 def _load(path_or_dict) -> tuple[Any, str, str | None]:
@@ -177,8 +262,8 @@ def _place(path: str, where: str, line: int | None = None) -> str:
     return f"{path}:{line} ({where})" if line else f"{path} ({where})"
 
 
-def _question(qa, context, title, check_answers, fix_start, drop_unfound, allow_empty, path, where, lines, problems,
-              fixed, dropped) -> MRCExample | None:
+def _question(qa, context, title, check_answers, allow_empty, path, where, lines, problems,
+              state: _Answers) -> MRCExample | None:
     if not isinstance(qa, Mapping) or not isinstance(qa.get("id"), (str, int)) or isinstance(qa.get("id"), bool):
         problems.add(_place(path, where), "missing question 'id'; give every question a unique id")
         return None
@@ -206,41 +291,45 @@ def _question(qa, context, title, check_answers, fix_start, drop_unfound, allow_
     for n, answer in enumerate(answers):
         answer = {"text": answer["text"], "answer_start": answer["answer_start"]}
         if check_answers:
-            fixed_answer = _check_answer(answer, context, fix_start, drop_unfound, qid, n, loc, problems, fixed,
-                                         dropped)
-            if fixed_answer is None:
+            answer = _check_answer(answer, context, qid, n, loc, state)
+            if answer is None:
                 continue
-            answer = fixed_answer
         kept.append(answer)
     if answers and not kept:
-        return None  # every answer dropped (drop_unfound) or reported as a problem
+        return None  # every answer dropped (unfound="drop") or reported as a problem
     return MRCExample(qid=qid, question=question, context=context, answers=kept, title=title)
 
 
-def _check_answer(answer, context, fix_start, drop_unfound, qid, n, loc, problems, fixed, dropped) -> dict | None:
+def _check_answer(answer, context, qid, n, loc, state: _Answers) -> dict | None:
+    """The answer as kept: as given when located, its start moved to a near occurrence, or (text not in the
+    context) with ``answer_start`` -1 as a scoring reference; None when dropped or reported as a problem."""
     text, start = answer["text"], answer["answer_start"]
     label = f"question {qid!r} answer {n} {_short(text)}"
     if not text.strip():
-        problems.add(loc, f"{label}: empty answer text; fill it in or remove the answer")
+        state.problems.add(loc, f"{label}: empty answer text; fill it in or remove the answer")
         return None
-    if 0 <= start and context[start:start + len(text)] == text:
+    if located(answer, context):
         return answer
     found = [m.start() for m in re.finditer(f"(?={re.escape(text)})", context)]
     if not found:
-        if drop_unfound:
-            dropped.append(f"{qid} answer {n}")
+        state.unlocatable += 1
+        if state.unfound == "keep":
+            return {"text": text, "answer_start": -1}
+        if state.unfound == "drop":
+            state.dropped.append(f"{qid} answer {n}")
             return None
-        problems.add(loc, f"{label} does not occur in the context (answer_start {start}); correct the answer text "
-                          f"to a span of the context, or pass drop_unfound=True to skip such answers")
+        state.problems.add(loc, f"{label} does not occur in the context (answer_start {start}); correct the answer "
+                                f"text to a span of the context, or pass unfound='keep' to keep it as a reference "
+                                f"for scoring only")
         return None
     nearest = sorted(found, key=lambda s: abs(s - start))
     ambiguous = len(nearest) > 1 and abs(nearest[0] - start) == abs(nearest[1] - start)
-    if not fix_start or ambiguous:
+    if not state.fix_start or ambiguous:
         why = "equally near two occurrences, " if ambiguous else ""
-        problems.add(loc, f"{label} is not at answer_start {start} ({why}it occurs at "
-                          f"{', '.join(map(str, found[:10]))}); set answer_start to the right occurrence")
+        state.problems.add(loc, f"{label} is not at answer_start {start} ({why}it occurs at "
+                                f"{', '.join(map(str, found[:10]))}); set answer_start to the right occurrence")
         return None
-    fixed.append(f"{qid} answer {n}: {start} -> {nearest[0]}")
+    state.fixed.append(f"{qid} answer {n}: {start} -> {nearest[0]}")
     return {"text": text, "answer_start": nearest[0]}
 
 
@@ -281,7 +370,8 @@ def build_mrc_features(tokenizer, examples: list[MRCExample], max_seq_len: int =
                        max_query_len: int = 64) -> list[MRCFeature]:
     """Features ``[CLS] question [SEP] context-window [SEP]`` for every example, in example order (see the module
     docstring for windows, ``doc_stride`` and answers whose boundary falls inside a token). The gold positions
-    come from the FIRST answer; they are 0 in windows that do not hold the whole answer. Unpadded."""
+    come from the first locatable answer (:attr:`MRCExample.gold`: references not in the context are skipped);
+    they are 0 in windows that do not hold the whole answer, and everywhere for an example without one. Unpadded."""
     if max_seq_len - max_query_len - 3 < 1:
         raise ValueError(f"max_seq_len={max_seq_len} leaves no room for context after a question of up to "
                          f"max_query_len={max_query_len} tokens and 3 special tokens; raise max_seq_len or lower "
@@ -295,9 +385,8 @@ def build_mrc_features(tokenizer, examples: list[MRCExample], max_seq_len: int =
     features = []
     for index, (example, q_ids) in enumerate(zip(examples, questions)):
         c_ids, c_offsets = contexts[example.context]
-        gold = None
-        if example.answers:
-            answer = example.answers[0]
+        gold, answer = None, example.gold
+        if answer is not None:
             gold = _token_span(c_offsets, answer["answer_start"], answer["answer_start"] + len(answer["text"]))
         window = max_seq_len - len(q_ids) - 3
         head = [cls, *q_ids, sep]
@@ -394,8 +483,8 @@ def oracle(examples: list[MRCExample], features: list[MRCFeature], max_answer_le
 
 
 def _why_unreachable(example: MRCExample, features: list[MRCFeature], offsets: list, max_answer_len: int) -> str:
-    """Why the gold positions of ``example`` (first answer) cannot reproduce its text exactly."""
-    answer = example.answers[0]
+    """Why the gold positions of ``example`` (its first locatable answer) cannot reproduce its text exactly."""
+    answer = example.gold
     start, end = answer["answer_start"], answer["answer_start"] + len(answer["text"])
     span = _token_span(offsets, start, end)
     if span is None:
@@ -424,29 +513,59 @@ def oracle_report(path_or_dict, tokenizer, max_seq_len: int = 512, doc_stride: i
                   max_query_len: int = 64) -> dict:
     """Score the oracle of a SQuAD-format file with the CMRC2018 metric, and explain every miss.
 
-    Returns ``{"em", "f1", "total", "skip", "unreachable": [{"qid", "answer", "predicted", "reason"}]}`` where
-    ``unreachable`` lists every question whose oracle prediction is not exactly one of its gold answer texts
-    (the metric may still count some of them: it ignores case, punctuation and surrounding whitespace)."""
-    from zhnlp.metrics.cmrc2018 import evaluate
+    Each question is tried with each of its locatable references as the gold span (references not in the context
+    cannot be produced by gold positions); its oracle prediction is the one that scores best against all its
+    references (EM, then F1; the earlier reference on a tie). A question without a locatable reference is
+    predicted ``""`` and so scores 0.
+
+    Returns ``{"em", "f1", "total", "skip", "unlocatable_questions", "unlocatable_answers", "unreachable":
+    [{"qid", "answer", "predicted", "reason"}]}`` where ``unlocatable_questions`` counts the questions without a
+    locatable reference, ``unlocatable_answers`` the references not in their context, and ``unreachable`` lists
+    every question whose oracle prediction is not exactly one of its reference texts (the metric may still count
+    some of them: it ignores case, punctuation and surrounding whitespace)."""
+    from zhnlp.metrics.cmrc2018 import evaluate, exact_match, f1_score
 
     if not isinstance(path_or_dict, Mapping):
         path_or_dict = Path(path_or_dict)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the answer_start fixes are expected here; the report lists what matters
         examples = read_squad(path_or_dict)
-    features = build_mrc_features(tokenizer, examples, max_seq_len, doc_stride, max_query_len)
-    predictions = oracle(examples, features, max_answer_len)
-    scores = evaluate(path_or_dict, {qid: p["text"] for qid, p in predictions.items()})
-    by_example = defaultdict(list)
+    # one variant per distinct locatable reference, each with that reference as its only (gold) answer
+    variants, owners = [], []
+    for index, example in enumerate(examples):
+        references = {(a["answer_start"], a["text"]): a for a in example.answers if located(a, example.context)}
+        for answer in references.values():
+            variants.append(MRCExample(qid=str(len(variants)), question=example.question, context=example.context,
+                                       answers=[answer], title=example.title))
+            owners.append(index)
+    features = build_mrc_features(tokenizer, variants, max_seq_len, doc_stride, max_query_len)
+    tried = oracle(variants, features, max_answer_len)
+    by_variant = defaultdict(list)
     for feature in features:
-        by_example[feature.example_index].append(feature)
+        by_variant[feature.example_index].append(feature)
+    best: dict[int, tuple[tuple[float, float], int]] = {}  # example -> ((em, f1), variant)
+    for v, (variant, index) in enumerate(zip(variants, owners)):
+        texts = [a["text"] for a in examples[index].answers]
+        predicted = tried[variant.qid]["text"]
+        score = (exact_match(predicted, texts), f1_score(predicted, texts))
+        if index not in best or score > best[index][0]:
+            best[index] = (score, v)
+    predictions = {e.qid: tried[variants[best[i][1]].qid]["text"] if i in best else "" for i, e in enumerate(examples)}
+    scores = evaluate(path_or_dict, predictions)
     contexts = _encode_contexts(tokenizer, examples)
     unreachable = []
     for index, example in enumerate(examples):
-        predicted = predictions[example.qid]["text"]
+        predicted = predictions[example.qid]
         if not example.answers or predicted in {a["text"] for a in example.answers}:
             continue
-        reason = _why_unreachable(example, by_example[index], contexts[example.context][1], max_answer_len)
-        unreachable.append({"qid": example.qid, "answer": example.answers[0]["text"], "predicted": predicted,
+        if index not in best:
+            unreachable.append({"qid": example.qid, "answer": example.answers[0]["text"], "predicted": "",
+                                "reason": "no reference answer occurs in the context (answer_start -1 or the text "
+                                          "is not in the context), so no gold span can produce one"})
+            continue
+        v = best[index][1]
+        reason = _why_unreachable(variants[v], by_variant[v], contexts[example.context][1], max_answer_len)
+        unreachable.append({"qid": example.qid, "answer": variants[v].answers[0]["text"], "predicted": predicted,
                             "reason": reason})
-    return {**scores, "unreachable": unreachable}
+    return {**scores, "unlocatable_questions": len(examples.unlocatable_questions),
+            "unlocatable_answers": examples.unlocatable_answers, "unreachable": unreachable}
