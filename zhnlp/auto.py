@@ -6,13 +6,12 @@ Each Auto class picks a head; the family comes from config.json's ``model_type``
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 
 import torch
 
 from zhnlp import distributed, hub
-from zhnlp.errors import CheckpointError, ModelNotFoundError
+from zhnlp.errors import ModelNotFoundError
 from zhnlp.models import family_for_model_type
 from zhnlp.models.common.pretrained import PretrainedModel
 
@@ -42,14 +41,11 @@ class _Auto:
             config_overrides: config.json fields to change, e.g. ``num_labels=3`` for a new head.
         """
         directory = hub.resolve(name_or_path, revision=revision)
-        try:
-            raw = json.loads((directory / "config.json").read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
-            raise CheckpointError(f"{directory / 'config.json'} is not valid JSON ({e}); re-save the checkpoint.") \
-                from None
-        family = family_for_model_type(raw.get("model_type"), str(directory / "config.json"))
+        source = str(directory / "config.json")
+        raw = hub.read_config_json(source)
+        family = family_for_model_type(raw.get("model_type"), source)
         _check_overrides(family.config_class, raw, config_overrides)
-        arch = family.config_class.from_dict(raw, **config_overrides)
+        arch = family.config_class.from_dict(raw, source=source, **config_overrides)
         distributed.layout()  # a world of one when the user did not call zhnlp.distributed.init
         return PretrainedModel.from_checkpoint(family, arch, cls.head, directory, seed=seed,
                                                **_run_options(dtype, sequence_parallel))

@@ -8,12 +8,13 @@ once cached; a download is attempted only when the hub is not switched off
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from pathlib import Path
 
 from zhnlp import cards
-from zhnlp.errors import ModelNotFoundError
+from zhnlp.errors import CheckpointError, ModelNotFoundError
 
 # What from_pretrained needs of a repo: weights, config and tokenizer files. No code.
 ALLOW_PATTERNS = ["config.json", "*.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
@@ -47,6 +48,50 @@ def resolve(name_or_path: str | os.PathLike, revision: str | None = None) -> Pat
         card = cards.require_card(raw)
         repo, rev = card.hub_repo, revision or card.revision
     return _from_hub_cache(repo, rev, raw)
+
+
+def read_config_json(path: str | os.PathLike) -> dict:
+    """The settings in a checkpoint's ``config.json`` (``path``: the file, or the directory holding it).
+
+    Every way the file can be unreadable (missing, not UTF-8, not JSON, JSON that is not an
+    object) raises one :class:`CheckpointError` naming the file and the fix.
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / "config.json"
+    if not path.is_file():
+        raise ModelNotFoundError(f"{path} not found; point at a directory written by save_pretrained "
+                                 "(zhnlp or transformers), which holds config.json and the weights.")
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise CheckpointError(f"{path} is not UTF-8 text (invalid byte 0x{data[e.start]:02x} on line {line}); "
+                              "re-save the checkpoint or restore its config.json.") from None
+    try:
+        config = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise CheckpointError(f"{path} is not valid JSON ({e}); re-save the checkpoint or restore its "
+                              "config.json.") from None
+    if not isinstance(config, dict):
+        shown = json.dumps(config, ensure_ascii=False)
+        shown = shown if len(shown) <= 40 else shown[:37] + "..."
+        raise CheckpointError(f"{path} holds a JSON {json_kind(config)} ({shown}), but config.json must be a JSON "
+                              "object of model settings ({\"model_type\": ..., \"vocab_size\": ..., ...}); "
+                              "re-save the checkpoint or restore its config.json.")
+    return config
+
+
+def json_kind(value) -> str:
+    """JSON's name for the type of a parsed value (array, string, number, ...), for messages."""
+    if isinstance(value, list):
+        return "array"
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, bool):
+        return "boolean"
+    return "null" if value is None else "number"
 
 
 def _from_hub_cache(repo: str, revision: str | None, asked: str) -> Path:

@@ -8,17 +8,25 @@ How a run is laid out (TP/PP, precision, recompute) is a different type; the two
 from __future__ import annotations
 
 import dataclasses
-import json
+import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from zhnlp.errors import CheckpointError, LayoutError
 from zhnlp.models.common.activations import ACTIVATIONS
+from zhnlp.models.common import labels as L
 
 MODEL_TYPES = ("ernie", "bert")
 # Megatron pads the vocabulary so that every TP shard has the same size. We pad to a fixed
 # multiple (not one that grows with TP) so that a checkpoint's shapes do not depend on layout.
 VOCAB_PAD_MULTIPLE = 128
+# Integer fields -> the least value they may take (type_vocab_size 0: no token type embeddings).
+_SIZES = {"vocab_size": 1, "hidden_size": 1, "num_hidden_layers": 1, "num_attention_heads": 1,
+          "intermediate_size": 1, "max_position_embeddings": 1, "type_vocab_size": 0, "task_type_vocab_size": 0}
+# Real fields -> (test, the rule as the message states it).
+_DROPOUT = (lambda x: 0 <= x < 1, "in [0, 1)")
+_RATES = {"hidden_dropout_prob": _DROPOUT, "attention_probs_dropout_prob": _DROPOUT, "classifier_dropout": _DROPOUT,
+          "layer_norm_eps": (lambda x: x > 0, "> 0"), "initializer_range": (lambda x: x >= 0, ">= 0")}
 
 
 @dataclass
@@ -42,7 +50,7 @@ class ErnieConfig:
     initializer_range: float = 0.02
     pad_token_id: int = 0
     classifier_dropout: float | None = None
-    num_labels: int = 2
+    num_labels: int | None = None  # None: len(id2label), else 2 (transformers' default)
     id2label: dict | None = None
     problem_type: str | None = None
     # Everything else config.json carried (architectures, tokenizer class, ...), kept for saving.
@@ -51,6 +59,7 @@ class ErnieConfig:
     def __post_init__(self):
         if self.model_type not in MODEL_TYPES:
             raise CheckpointError(f"model_type {self.model_type!r} is not in the ERNIE family {MODEL_TYPES}.")
+        self._check_values()
         if self.hidden_act not in ACTIVATIONS:
             raise CheckpointError(f"hidden_act {self.hidden_act!r} is not supported; known: {sorted(ACTIVATIONS)}.")
         if self.hidden_size % self.num_attention_heads:
@@ -67,9 +76,29 @@ class ErnieConfig:
                                       f"({why}); use transformers for this checkpoint.")
         if self.model_type == "bert":
             self.use_task_id = False
-        if self.id2label is not None:
-            self.id2label = {int(k): v for k, v in self.id2label.items()}
-            self.num_labels = len(self.id2label)
+        # transformers' rule: a num_labels that contradicts id2label wins (with a warning) and
+        # the label maps are rebuilt as LABEL_0..; from_dict has already done this, naming the file.
+        self.num_labels, self.id2label = L.reconcile(self.num_labels, self.id2label, "ErnieConfig", ValueError)
+        L.check_problem_type(self.problem_type, self.num_labels, "ErnieConfig", ValueError)
+
+    def _check_values(self) -> None:
+        """Sizes and rates of the wrong type or range (a string, a bool, 0 layers, dropout 1.5) are refused
+        here, by name, instead of failing later as a TypeError or ZeroDivisionError inside the model."""
+        for name, least in _SIZES.items():
+            value = getattr(self, name)
+            if name == "task_type_vocab_size" and self.use_task_id:
+                least = 1  # use_task_id needs at least one task type embedding
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < least:
+                raise CheckpointError(f"{name}={value!r} is not a valid size; it must be an integer >= {least}. "
+                                      "Fix config.json or use the one that came with the checkpoint.")
+            setattr(self, name, int(value))
+        for name, (allowed, rule) in _RATES.items():
+            value = getattr(self, name)
+            if value is None and name == "classifier_dropout":
+                continue  # None: use hidden_dropout_prob
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or not allowed(value):
+                raise CheckpointError(f"{name}={value!r} is not valid; it must be a number {rule}. "
+                                      "Fix config.json or use the one that came with the checkpoint.")
 
     @property
     def head_dim(self) -> int:
@@ -86,23 +115,42 @@ class ErnieConfig:
 
     # ------------------------------------------------------------------ transformers' config.json
     @classmethod
-    def from_dict(cls, data: dict, **overrides) -> "ErnieConfig":
-        """Build from a config.json dict; ``overrides`` win (e.g. ``num_labels=3``)."""
-        data = {**data, **overrides}
+    def from_dict(cls, data: dict, *, source: str | None = None, **overrides) -> "ErnieConfig":
+        """Build from a config.json dict; ``overrides`` win (e.g. ``num_labels=3``).
+
+        ``source`` names where ``data`` came from (the config.json path) in error messages.
+        """
+        where = source or "config.json"
+        if not isinstance(data, dict):
+            raise CheckpointError(f"{where} must be a JSON object of model settings, got {type(data).__name__}; "
+                                  "re-save the checkpoint or restore its config.json.")
+        file_labels = L.reconcile(data.get("num_labels"), data.get("id2label"), where, CheckpointError)
+        args = L.reconcile(overrides.get("num_labels"), overrides.get("id2label"), "the arguments", ValueError)
         if "num_labels" in overrides and "id2label" not in overrides:
-            data["id2label"] = None
+            # a new head size: keep the file's label names when they still fit, as transformers does
+            args = L.override_num_labels(args[0], file_labels[1], where)
+        elif "id2label" not in overrides:
+            args = file_labels
+        data = {**data, **overrides, "num_labels": args[0], "id2label": args[1]}
+        L.check_problem_type(data.get("problem_type"), args[0],
+                             "the arguments" if "problem_type" in overrides else where,
+                             ValueError if "problem_type" in overrides else CheckpointError)
         names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
         known = {k: v for k, v in data.items() if k in names}
         extra = {k: v for k, v in data.items() if k not in names and k != "label2id"}
-        return cls(**known, extra=extra)
+        try:
+            return cls(**known, extra=extra)
+        except CheckpointError as e:
+            if source is None:
+                raise
+            raise CheckpointError(f"{source}: {e}") from None
 
     @classmethod
     def from_json_file(cls, path: str | Path, **overrides) -> "ErnieConfig":
-        try:
-            data = json.loads(Path(path).read_text(encoding="utf-8"))
-        except json.JSONDecodeError as e:
-            raise CheckpointError(f"{path} is not valid JSON ({e}); re-download or re-save the checkpoint.") from None
-        return cls.from_dict(data, **overrides)
+        """Read ``config.json`` (see :func:`zhnlp.hub.read_config_json` for the checks on the file)."""
+        from zhnlp.hub import read_config_json
+
+        return cls.from_dict(read_config_json(path), source=str(path), **overrides)
 
     def to_dict(self, architecture: str | None = None) -> dict:
         """The config.json transformers reads back (its own class for ``model_type``)."""
