@@ -45,9 +45,17 @@ class CheckpointReader:
             self._index_safetensors([single])
         elif index.exists():
             try:
-                weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-            except (json.JSONDecodeError, KeyError) as e:
-                raise CheckpointError(f"{index} is not a valid safetensors index ({e}); re-save the checkpoint.") from None
+                data = json.loads(index.read_text(encoding="utf-8"))
+                problem = None
+            except (UnicodeDecodeError, json.JSONDecodeError) as e:
+                problem = str(e)
+            if problem is None:
+                weight_map = data.get("weight_map") if isinstance(data, dict) else None
+                if not isinstance(weight_map, dict) or not all(isinstance(f, str) for f in weight_map.values()):
+                    problem = "no weight_map object of key -> shard file name"
+            if problem:
+                raise CheckpointError(f"{index} is not a valid safetensors index ({problem}); it must be a JSON "
+                                      'object with "weight_map": {key: shard file}. Re-save the checkpoint.')
             missing = sorted({f for f in weight_map.values() if not (self.dir / f).exists()})
             if missing:
                 raise CheckpointError(f"{index} lists shard files that are missing: {missing}; "
@@ -203,6 +211,36 @@ def check_keys(table: Table, expected: dict[str, str | None], present: set[str],
     return LoadReport(fresh=fresh, ignored=ignored)
 
 
+def check_shapes(expected: dict[str, tuple[tuple[int, ...], str]], reader: CheckpointReader, source: str,
+                 skip: set[str] = frozenset()) -> None:
+    """Compare every checkpoint key's shape with the one the architecture implies, for the whole
+    model at once and before any weight is read, so every rank reaches the same verdict.
+
+    ``expected``: key -> (shape, megatron parameter name), in the order to report them; keys
+    absent from the checkpoint or in ``skip`` (freshly initialised heads) are not checked.
+    """
+    present = reader.keys()
+    wrong = [_mismatch(param, k, shape, reader.shape(k)) for k, (shape, param) in expected.items()
+             if k in present and k not in skip and tuple(reader.shape(k)) != tuple(shape)]
+    if wrong:
+        more = f"; ... and {len(wrong) - 4} more" if len(wrong) > 4 else ""
+        raise CheckpointError(f"checkpoint {source} does not match its config.json: " + "; ".join(wrong[:4])
+                              + more + ". " + _SHAPE_FIX)
+
+
+def _mismatch(param: str, key: str, expected, found) -> str:
+    return f"shape mismatch for {param} ({key}: expected {_shape(expected)}, found {_shape(found)})"
+
+
+_SHAPE_FIX = ("The config.json does not describe these weights: fix its sizes (vocab_size, hidden_size, "
+              "intermediate_size, max_position_embeddings, type_vocab_size, num_labels, ...) or use the config.json "
+              "that came with the checkpoint.")
+
+
+def _shape(shape) -> str:
+    return str(tuple(shape))
+
+
 def _short(keys: list[str], limit: int = 12) -> str:
     more = f" ... and {len(keys) - limit} more" if len(keys) > limit else ""
     return "[" + ", ".join(keys[:limit]) + "]" + more
@@ -222,6 +260,14 @@ def load_chunk(chunk, table: Table, reader: CheckpointReader, tp_rank: int, tp_s
             left_fresh.append(gname)
             continue
         dim = dims[local]
+        full = list(p.shape)  # the unsplit parameter: this rank's shard times tp along the split dim
+        if dim is not None:
+            full[dim] *= tp_size
+        for key, shape in mapping.hf_shapes(layer, tuple(full)).items():
+            # checked before reading: a TP slice of a tensor of the wrong size can look right
+            if tuple(reader.shape(key)) != tuple(shape):
+                raise CheckpointError(f"checkpoint {reader.dir} does not match its config.json: "
+                                      f"{_mismatch(gname, key, shape, reader.shape(key))}. {_SHAPE_FIX}")
         rows = full_rows = None
         if dim is None:
             full_rows = p.shape[0] if p.dim() else None
@@ -234,9 +280,9 @@ def load_chunk(chunk, table: Table, reader: CheckpointReader, tp_rank: int, tp_s
         else:
             tensor = mapping.to_megatron(reader, layer, rows, full_rows)
         if tuple(tensor.shape) != tuple(p.shape):
-            raise CheckpointError(f"shape mismatch for {gname} (from {keys}): checkpoint gives "
-                                  f"{tuple(tensor.shape)}, model expects {tuple(p.shape)}. The config.json "
-                                  "does not describe these weights.")
+            found = ", ".join(f"{k} {_shape(reader.shape(k))}" for k in keys)
+            raise CheckpointError(f"shape mismatch for {gname} (from {found}): this rank's slice is "
+                                  f"{_shape(tensor.shape)}, the model expects {_shape(p.shape)}. {_SHAPE_FIX}")
         with torch.no_grad():
             p.copy_(tensor.to(p.dtype))
     return left_fresh

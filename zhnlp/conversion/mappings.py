@@ -44,6 +44,11 @@ class Mapping:
         """Checkpoint keys this mapping reads (and, unless tied, writes)."""
         raise NotImplementedError
 
+    def hf_shapes(self, layer: int | None, full: tuple[int, ...]) -> dict[str, tuple[int, ...]]:
+        """The shape each checkpoint key must have, given the parameter's *full* (unsplit,
+        vocabulary-padded) megatron shape ``full``."""
+        raise NotImplementedError
+
     def to_megatron(self, read, layer: int | None, rows: tuple[int, int] | None, full_rows: int | None):
         """Build this rank's tensor. ``read(key, rows=None)`` returns a checkpoint tensor, or only
         rows ``[start, end)`` of it (read from disk without loading the rest)."""
@@ -65,6 +70,11 @@ class Rename(Mapping):
 
     def hf_keys(self, layer):
         return [_fill(self.hf, layer)]
+
+    def hf_shapes(self, layer, full):
+        # the checkpoint holds the real vocabulary rows only; megatron's padding rows are not saved
+        shape = (self.vocab_size, *full[1:]) if self.vocab else tuple(full)
+        return {_fill(self.hf, layer): shape}
 
     def to_megatron(self, read, layer, rows, full_rows):
         key = _fill(self.hf, layer)
@@ -108,6 +118,10 @@ class FuseQKV(Mapping):
 
     def hf_keys(self, layer):
         return [_fill(p, layer) for p in (self.q, self.k, self.v)]
+
+    def hf_shapes(self, layer, full):
+        # (3*nh*hd, ...) fused -> (nh*hd, ...) for each of Q, K and V
+        return {k: (full[0] // 3, *full[1:]) for k in self.hf_keys(layer)}
 
     def to_megatron(self, read, layer, rows, full_rows):
         hd = self.head_dim

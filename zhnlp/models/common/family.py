@@ -12,7 +12,8 @@ class Family:
     """A model family: its architecture config, its megatron module, its conversion bridge.
 
     ``bridge`` is a module providing ``table(arch)``, ``expected_keys(arch, table, head)``,
-    ``other_heads_keys(arch, table, head)``, ``normalise_key(arch)``, ``HEAD_PARTS``,
+    ``other_heads_keys(arch, table, head)``, ``expected_shapes(arch, table, head)`` (key ->
+    (shape, megatron parameter), checked before any weight is read), ``normalise_key(arch)``, ``HEAD_PARTS``,
     ``hf_architecture(arch, head)`` and ``save_prefix_rename(arch, head)``.
     """
 

@@ -92,6 +92,7 @@ class PretrainedModel(torch.nn.Module):
         table.ignores = table.ignores + bridge.other_heads_keys(arch, table, head)
         expected = bridge.expected_keys(arch, table, head)
         report = engine.check_keys(table, expected, reader.keys(), set(bridge.HEAD_PARTS[head]), str(directory))
+        engine.check_shapes(bridge.expected_shapes(arch, table, head), reader, str(directory))
         model = cls(family, arch, head, {"perform_initialization": False, **run_options})
         lay = model.layout
         fresh = set(report.fresh)

@@ -99,10 +99,11 @@ def table(arch: ErnieConfig) -> Table:
     return Table(mappings, ignores)
 
 
-def expected_keys(arch: ErnieConfig, tbl: Table, head: str) -> dict[str, str | None]:
-    """Every checkpoint key the whole model (all layers and stages) reads -> owning head part."""
+def _expected(arch: ErnieConfig, tbl: Table, head: str):
+    """(mapping, layer) for every mapping the whole model (all layers and stages) reads, in
+    checkpoint order: embeddings, then layer by layer, then the heads."""
     parts = set(HEAD_PARTS[head])
-    out = {}
+    chosen = []
     for m in tbl.mappings:
         if isinstance(m, Tied) or (m.head is not None and m.head not in parts):
             continue
@@ -110,10 +111,56 @@ def expected_keys(arch: ErnieConfig, tbl: Table, head: str) -> dict[str, str | N
             continue
         if m.megatron.startswith("embedding.token_type") and not arch.type_vocab_size:
             continue
-        layers = range(arch.num_hidden_layers) if "*" in m.megatron else [None]
-        for layer in layers:
-            for k in m.hf_keys(layer):
-                out[k] = m.head
+        chosen.append(m)
+    out = [(m, None) for m in chosen if "*" not in m.megatron and m.head is None]
+    out += [(m, layer) for layer in range(arch.num_hidden_layers) for m in chosen if "*" in m.megatron]
+    return out + [(m, None) for m in chosen if "*" not in m.megatron and m.head is not None]
+
+
+def expected_keys(arch: ErnieConfig, tbl: Table, head: str) -> dict[str, str | None]:
+    """Every checkpoint key the whole model (all layers and stages) reads -> owning head part."""
+    return {k: m.head for m, layer in _expected(arch, tbl, head) for k in m.hf_keys(layer)}
+
+
+def full_shapes(arch: ErnieConfig) -> dict[str, tuple[int, ...]]:
+    """megatron parameter name (``*`` = any layer) -> its full shape: unsplit, vocabulary padded.
+
+    Mirrors :class:`~zhnlp.models.ernie.model.ErnieModel`'s modules (a unit test compares the two),
+    so that a checkpoint's shapes are checked for the whole model before any stage is built."""
+    h, ffn, v = arch.hidden_size, arch.intermediate_size, arch.padded_vocab_size
+    shapes = {
+        "embedding.word_embeddings.weight": (v, h),
+        "embedding.position_embeddings.weight": (arch.max_position_embeddings, h),
+        "embedding.token_type_embeddings.weight": (arch.type_vocab_size, h),
+        "embedding.task_type_embeddings.weight": (arch.task_type_vocab_size, h),
+        "output_layer.weight": (v, h),
+        "output_layer.bias": (v,),
+    }
+    square = ("self_attention.linear_proj", "post_attention_layernorm", "post_mlp_layernorm")
+    for kind in ("weight", "bias"):
+        matrix = kind == "weight"
+        shapes["embedding.layernorm." + kind] = (h,)
+        shapes[f"encoder.layers.*.self_attention.linear_qkv.{kind}"] = (3 * h, h) if matrix else (3 * h,)
+        for name in square:
+            shapes[f"encoder.layers.*.{name}.{kind}"] = (h, h) if matrix and "linear" in name else (h,)
+        shapes[f"encoder.layers.*.mlp.linear_fc1.{kind}"] = (ffn, h) if matrix else (ffn,)
+        shapes[f"encoder.layers.*.mlp.linear_fc2.{kind}"] = (h, ffn) if matrix else (h,)
+        shapes[f"pooler.dense.{kind}"] = (h, h) if matrix else (h,)
+        shapes[f"lm_transform.dense.{kind}"] = (h, h) if matrix else (h,)
+        shapes[f"lm_transform.layernorm.{kind}"] = (h,)
+        shapes[f"classifier.out.{kind}"] = (arch.num_labels, h) if matrix else (arch.num_labels,)
+        shapes[f"qa_outputs.out.{kind}"] = (2, h) if matrix else (2,)
+    return shapes
+
+
+def expected_shapes(arch: ErnieConfig, tbl: Table, head: str) -> dict[str, tuple[tuple[int, ...], str]]:
+    """Every checkpoint key the whole model reads -> (its shape, the megatron parameter it feeds)."""
+    full = full_shapes(arch)
+    out = {}
+    for m, layer in _expected(arch, tbl, head):
+        param = m.megatron if layer is None else m.megatron.replace("*", str(layer))
+        for k, shape in m.hf_shapes(layer, full[m.megatron]).items():
+            out[k] = (shape, param)
     return out
 
 
