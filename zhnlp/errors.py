@@ -34,3 +34,8 @@ class Interrupted(ZhnlpError):
         super().__init__(message)
         self.signum = signum
         self.exit_code = 128 + signum
+
+
+class TokenizerError(ZhnlpError, ValueError):
+    """A tokenizer file (vocab.txt, tokenizer.json, tokenizer_config.json, a SentencePiece model,
+    a jieba user dictionary) that cannot be read or contradicts itself."""

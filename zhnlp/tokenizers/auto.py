@@ -18,7 +18,7 @@ from pathlib import Path
 from transformers import PreTrainedTokenizerFast
 
 from zhnlp import hub
-from zhnlp.errors import ModelNotFoundError
+from zhnlp.errors import CheckpointError, ModelNotFoundError, TokenizerError
 from zhnlp.tokenizers.wordpiece import WordPieceTokenizer, wordpiece_config_flags
 
 # tokenizer_class values of WordPiece checkpoints that zhnlp rebuilds from vocab.txt.
@@ -35,23 +35,60 @@ def _tokenizer_dir(name_or_path: str | os.PathLike, revision: str | None) -> Pat
     return hub.resolve(name_or_path, revision=revision)
 
 
+def _read_json_object(file: Path, fix: str) -> dict:
+    """A tokenizer JSON file that must hold an object; every failure names the file and ``fix``."""
+    data = file.read_bytes()
+    try:
+        text = data.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = data[:e.start].count(b"\n") + 1
+        raise TokenizerError(f"{file} is not UTF-8 text (invalid byte 0x{data[e.start]:02x} on line {line}); "
+                             f"{fix}.") from None
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise TokenizerError(f"{file} is not valid JSON ({e}); {fix}.") from None
+    if not isinstance(value, dict):
+        raise TokenizerError(f"{file} holds a JSON {hub.json_kind(value)}, not an object of tokenizer settings; "
+                             f"{fix}.")
+    return value
+
+
 def _read_config(directory: Path) -> dict:
     file = directory / "tokenizer_config.json"
     if not file.is_file():
         return {}
-    try:
-        return json.loads(file.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
-        raise ValueError(f"{file} is not valid JSON ({e}); fix or delete it (zhnlp then uses BERT-Chinese "
-                         "defaults).") from None
+    return _read_json_object(file, "fix or delete it (zhnlp then uses BERT-Chinese defaults)")
 
 
 def _wordpiece_json_vocab(tokenizer_json: Path) -> dict[str, int] | None:
     """The WordPiece vocabulary inside a ``tokenizer.json`` (for repos that ship no vocab.txt), else None."""
     if not tokenizer_json.is_file():
         return None
-    model = json.loads(tokenizer_json.read_text(encoding="utf-8")).get("model", {})
-    return model["vocab"] if model.get("type") == "WordPiece" else None
+    model = _read_json_object(tokenizer_json, _TOKENIZER_JSON_FIX).get("model")
+    if not isinstance(model, dict) or model.get("type") != "WordPiece":
+        return None
+    if not isinstance(model.get("vocab"), dict):
+        raise TokenizerError(f"{tokenizer_json}: the WordPiece model has no vocab object; {_TOKENIZER_JSON_FIX}.")
+    return model["vocab"]
+
+
+_TOKENIZER_JSON_FIX = "use the tokenizer files that came with the model, or re-save the tokenizer"
+
+
+def _load_tokenizer_json(directory: Path, **kwargs) -> PreTrainedTokenizerFast:
+    file = directory / "tokenizer.json"
+    _read_json_object(file, _TOKENIZER_JSON_FIX)
+    try:
+        return PreTrainedTokenizerFast.from_pretrained(str(directory), **kwargs)
+    except (KeyError, ValueError) as e:
+        raise TokenizerError(f"{file} is not a tokenizer file transformers can load ({type(e).__name__}: {e}); "
+                             f"{_TOKENIZER_JSON_FIX}.") from None
+    except Exception as e:  # the Rust tokenizers library raises plain Exception for a malformed file
+        if type(e) is not Exception:
+            raise
+        raise TokenizerError(f"{file} is not a tokenizer file transformers can load ({e}); "
+                             f"{_TOKENIZER_JSON_FIX}.") from None
 
 
 class AutoTokenizer:
@@ -74,9 +111,11 @@ class AutoTokenizer:
         wordpiece = tokenizer_class in WORDPIECE_CLASSES or tokenizer_class is None or "normalize_fullwidth" in config
         vocab = (vocab_txt if vocab_txt.is_file() else _wordpiece_json_vocab(tokenizer_json)) if wordpiece else None
         if vocab is not None:
-            tokenizer = WordPieceTokenizer.from_vocab(vocab, **{**wordpiece_config_flags(config), **kwargs})
+            source = str(vocab_txt if vocab_txt.is_file() else tokenizer_json)
+            tokenizer = WordPieceTokenizer.from_vocab(vocab, source=source,
+                                                      **{**wordpiece_config_flags(config), **kwargs})
         elif tokenizer_json.is_file():
-            tokenizer = PreTrainedTokenizerFast.from_pretrained(str(directory), **kwargs)
+            tokenizer = _load_tokenizer_json(directory, **kwargs)
         elif spm := sorted(directory.glob("*.model")):
             from zhnlp.tokenizers.sentencepiece import load_sentencepiece
 
@@ -87,3 +126,28 @@ class AutoTokenizer:
                                      "save_pretrained or by `zhnlp tokenizer train-wordpiece/train-sentencepiece`.")
         tokenizer.name_or_path = os.fspath(name_or_path)
         return tokenizer
+
+
+def check_tokenizer_fits(tokenizer, config, where: str) -> None:
+    """Refuse a tokenizer that can produce ids the model has no embedding rows for.
+
+    Call it when a pipeline or a fine-tune is built, so the mismatch is one message instead of an
+    IndexError in the middle of a batch. ``tokenizer``: any transformers tokenizer (WordPiece,
+    SentencePiece, tokenizer.json; added tokens count); ``config``: the model's architecture
+    (an object or a config.json dict with ``vocab_size``, or a model holding one as ``.config``);
+    ``where``: the tokenizer's directory or name as the user gave it, named in the message.
+    Raises :class:`~zhnlp.errors.CheckpointError`.
+    """
+    config = getattr(config, "config", config)
+    vocab_size = config.get("vocab_size") if isinstance(config, dict) else getattr(config, "vocab_size", None)
+    if isinstance(vocab_size, bool) or not isinstance(vocab_size, int):
+        raise TypeError(f"check_tokenizer_fits needs the model's config (with an integer vocab_size), "
+                        f"got {type(config).__name__} with vocab_size={vocab_size!r}.")
+    ids = tokenizer.get_vocab().values()  # base vocabulary and added tokens
+    largest = max(ids, default=-1)
+    if largest >= vocab_size:
+        where = where or getattr(tokenizer, "name_or_path", "") or "(unnamed)"
+        raise CheckpointError(
+            f"the tokenizer in {where} has {len(ids)} tokens (largest id {largest}) but the model's vocab_size is "
+            f"{vocab_size}; use the tokenizer that belongs to this model, or a model built for this tokenizer "
+            f"(vocab_size >= {largest + 1}, e.g. resized with transformers' resize_token_embeddings and saved).")

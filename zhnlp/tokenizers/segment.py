@@ -37,6 +37,8 @@ from typing import Iterable, Sequence
 
 import jieba
 
+from zhnlp.errors import TokenizerError
+
 # jieba logs "Building prefix dict ... Loading model cost ..." at INFO on every dictionary load
 jieba.setLogLevel(30)  # logging.WARNING
 
@@ -183,7 +185,15 @@ class Segmenter:
         if not path.is_file():
             raise FileNotFoundError(f"user dictionary {path} not found; pass the path of a UTF-8 file with one "
                                     f"'word [freq] [tag]' per line")
-        for lineno, line in enumerate(path.read_text(encoding="utf-8-sig").splitlines(), 1):
+        data = path.read_bytes()
+        try:
+            text = data.decode("utf-8-sig")
+        except UnicodeDecodeError as e:
+            line = data[:e.start].count(b"\n") + 1
+            raise TokenizerError(f"user dictionary {path} is not UTF-8 (invalid byte 0x{data[e.start]:02x} on line "
+                                 f"{line}); jieba dictionaries are UTF-8: re-save it as UTF-8 (e.g. `iconv -f GBK "
+                                 f"-t UTF-8 {path.name} > {path.stem}.utf8{path.suffix}`).") from None
+        for lineno, line in enumerate(text.splitlines(), 1):
             line = line.strip()
             if not line:
                 continue

@@ -21,6 +21,8 @@ import sentencepiece as spm
 from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
 
+from zhnlp.errors import TokenizerError
+
 MODEL_FILE = "sentencepiece.model"
 SPECIAL = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]",
            "mask_token": "[MASK]"}
@@ -135,8 +137,11 @@ def load_sentencepiece(model_file: str | os.PathLike, **kwargs) -> PreTrainedTok
     if not model_file.is_file():
         raise FileNotFoundError(f"no SentencePiece model at {model_file}; train one with train_sentencepiece "
                                 "(`zhnlp tokenizer train-sentencepiece`).")
-    backend = build_backend(model_file)
-    proc = spm.SentencePieceProcessor(model_file=os.fspath(model_file))
+    proc = _processor(model_file)
+    try:
+        backend = build_backend(model_file)
+    except (IndexError, ValueError) as e:  # the hand-read protobuf fields are truncated or malformed
+        raise TokenizerError(f"{model_file} is not a readable SentencePiece model ({e}); {_MODEL_FIX}.") from None
     named = {"pad_token": proc.pad_id(), "unk_token": proc.unk_id(), "cls_token": proc.bos_id(),
              "sep_token": proc.eos_id(), "mask_token": proc.piece_to_id(SPECIAL["mask_token"])}
     special = {key: proc.id_to_piece(i) for key, i in named.items()
@@ -144,6 +149,20 @@ def load_sentencepiece(model_file: str | os.PathLike, **kwargs) -> PreTrainedTok
     return PreTrainedTokenizerFast(tokenizer_object=backend, model_input_names=["input_ids", "token_type_ids",
                                                                                 "attention_mask"],
                                    **{**special, **kwargs})
+
+
+_MODEL_FIX = "use the .model file that came with the model, or train one with `zhnlp tokenizer train-sentencepiece`"
+
+
+def _processor(model_file: Path) -> spm.SentencePieceProcessor:
+    """The SentencePiece processor of ``model_file``; a file it cannot parse is one clear error."""
+    try:
+        proc = spm.SentencePieceProcessor(model_file=os.fspath(model_file))
+    except (RuntimeError, OSError) as e:  # sentencepiece raises RuntimeError("INTERNAL: could not parse ...")
+        raise TokenizerError(f"{model_file} is not a readable SentencePiece model ({e}); {_MODEL_FIX}.") from None
+    if proc.get_piece_size() == 0:
+        raise TokenizerError(f"{model_file} is a SentencePiece model without pieces; {_MODEL_FIX}.")
+    return proc
 
 
 # ---------------------------------------------------------------- training

@@ -23,6 +23,8 @@ from tokenizers import Tokenizer, decoders, normalizers, pre_tokenizers, process
 from tokenizers.models import WordPiece
 from transformers import PreTrainedTokenizerFast
 
+from zhnlp.errors import TokenizerError
+
 SPECIAL_TOKENS = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]",
                   "mask_token": "[MASK]"}
 
@@ -32,16 +34,68 @@ _FULLWIDTH = [(chr(0xFF01 + i), chr(0x21 + i)) for i in range(0x5E)]
 
 
 def read_vocab(path: str | os.PathLike) -> dict[str, int]:
-    """``vocab.txt`` (one token a line, the line number is the id) as ``{token: id}``."""
+    """``vocab.txt`` (one token a line, the line number is the id) as ``{token: id}``.
+
+    Refused with a :class:`~zhnlp.errors.TokenizerError` naming the file (and line): a file that
+    is not UTF-8, an empty file, and a token on two lines (transformers would map the token to
+    the later id and leave the earlier id without a token, so ids and tokens would disagree).
+    """
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"no vocabulary file at {path}; pass a directory holding vocab.txt "
                                 "(BERT/ERNIE WordPiece, one token per line).")
     # Only the newline is stripped, as transformers' BertTokenizer does: stripping more would
     # rename whitespace-like tokens (bert-base-chinese has a U+2028 line), so a saved vocab.txt
-    # would no longer equal the original.
-    with open(path, encoding="utf-8") as f:
-        return {line.rstrip("\n"): i for i, line in enumerate(f)}
+    # would no longer equal the original. Lines are split as Python's text files split them
+    # (\n, \r\n or \r), which is also what BertTokenizer reads.
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = [line.rstrip("\n") for line in f]
+    except UnicodeDecodeError:
+        raise TokenizerError(f"{path} is not UTF-8 text ({_bad_byte(path)}); a WordPiece vocabulary must be "
+                             "UTF-8: re-save it as UTF-8 or use the vocab.txt that came with the model.") from None
+    if not lines:
+        raise TokenizerError(f"{path} is empty; a WordPiece vocabulary holds one token per line ([PAD], [UNK], "
+                             "[CLS], [SEP], [MASK] and the rest): use the vocab.txt that came with the model or "
+                             "train one with `zhnlp tokenizer train-wordpiece`.")
+    vocab: dict[str, int] = {}
+    for i, token in enumerate(lines):
+        first = vocab.setdefault(token, i)
+        if first != i:
+            what = "are both empty" if token == "" else f"both hold the token {token!r}"
+            raise TokenizerError(
+                f"{path}: lines {first + 1} and {i + 1} {what} (ids {first} and {i}), so the token -> id map and "
+                f"the id -> token list would disagree; replace line {first + 1} with an unused placeholder such as "
+                f"[unused{first}] (every id stays in place, and the token keeps id {i}, the one transformers "
+                "gives it), or use the vocab.txt that came with the model.")
+    return vocab
+
+
+def _bad_byte(path: Path) -> str:
+    """Where the first undecodable byte of ``path`` is, as 'invalid byte 0xNN on line L'.
+
+    (The error open() raises gives the position within its read buffer, not the file.)"""
+    data = path.read_bytes()
+    try:
+        data.decode("utf-8")
+        return "invalid UTF-8"
+    except UnicodeDecodeError as e:
+        start = e.start
+    line = data[:start].replace(b"\r\n", b"\n").replace(b"\r", b"\n").count(b"\n") + 1
+    return f"invalid byte 0x{data[start]:02x} on line {line}"
+
+
+def check_vocab_ids(vocab: dict[str, int], source: str) -> None:
+    """A ``{token: id}`` map (e.g. from a tokenizer.json) must give each token its own id >= 0."""
+    by_id: dict[int, str] = {}
+    for token, i in vocab.items():
+        if isinstance(i, bool) or not isinstance(i, int) or i < 0:
+            raise TokenizerError(f"{source}: token {token!r} has id {i!r}; vocabulary ids must be integers >= 0. "
+                                 "Use the tokenizer files that came with the model.")
+        other = by_id.setdefault(i, token)
+        if other != token:
+            raise TokenizerError(f"{source}: tokens {other!r} and {token!r} both have id {i}; each id must belong "
+                                 "to one token. Use the tokenizer files that came with the model.")
 
 
 def build_backend(vocab: dict[str, int], *, do_lower_case: bool = True, strip_accents: bool | None = None,
@@ -93,20 +147,29 @@ class WordPieceTokenizer(PreTrainedTokenizerFast):
     @classmethod
     def from_vocab(cls, vocab: str | os.PathLike | dict[str, int], *, do_lower_case: bool = True,
                    strip_accents: bool | None = None, tokenize_chinese_chars: bool = True,
-                   normalize_fullwidth: bool = False, **kwargs) -> WordPieceTokenizer:
+                   normalize_fullwidth: bool = False, source: str | None = None,
+                   **kwargs) -> WordPieceTokenizer:
         """A tokenizer for ``vocab`` (a ``vocab.txt`` path or a ``{token: id}`` dict).
 
-        Extra keyword arguments (``model_max_length``, ``padding_side``, ...) go to transformers'
+        ``source`` names a dict's origin (e.g. a tokenizer.json path) in error messages. Extra
+        keyword arguments (``model_max_length``, ``padding_side``, ...) go to transformers'
         tokenizer base class.
         """
-        if not isinstance(vocab, dict):
+        if isinstance(vocab, dict):
+            source = source or "the vocabulary"
+            check_vocab_ids(vocab, source)
+        else:
+            source = source or str(vocab)
             vocab = read_vocab(vocab)
+        if not vocab:
+            raise TokenizerError(f"{source} is empty; a WordPiece vocabulary needs its tokens ([PAD], [UNK], [CLS], "
+                                 "[SEP], [MASK] and the rest).")
         special = {key: kwargs.get(key, default) for key, default in SPECIAL_TOKENS.items()}
         missing = [token for token in special.values() if token not in vocab]
         if missing:
-            raise ValueError(f"the vocabulary lacks the special tokens {missing}; a BERT/ERNIE WordPiece vocabulary "
-                             f"needs {list(special.values())} (name others with pad_token=..., cls_token=..., or "
-                             "train one with `zhnlp tokenizer train-wordpiece`).")
+            raise TokenizerError(f"{source} lacks the special tokens {missing}; a BERT/ERNIE WordPiece vocabulary "
+                                 f"needs {list(special.values())} (name others with pad_token=..., cls_token=..., or "
+                                 "train one with `zhnlp tokenizer train-wordpiece`).")
         backend = build_backend(vocab, do_lower_case=do_lower_case, strip_accents=strip_accents,
                                 tokenize_chinese_chars=tokenize_chinese_chars,
                                 normalize_fullwidth=normalize_fullwidth,
@@ -134,8 +197,8 @@ class WordPieceTokenizer(PreTrainedTokenizerFast):
                                encoding="utf-8")
         vocab_file = directory / "vocab.txt"
         by_id = {i: token for token, i in self.backend_tokenizer.get_vocab(with_added_tokens=False).items()}
-        # A vocab.txt with a repeated line leaves its first id without a token; a placeholder
-        # line keeps every later token on its own line number, i.e. its id.
+        # A vocabulary dict with gaps in its ids (read_vocab refuses repeated vocab.txt lines, so
+        # only a dict can have them) gets placeholder lines: every token stays on its id's line.
         lines = [by_id.get(i, f"[zhnlp-unused-{i}]") for i in range(max(by_id) + 1)]
         vocab_file.write_text("".join(f"{token}\n" for token in lines), encoding="utf-8")
         return (*files, str(vocab_file))
