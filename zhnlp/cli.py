@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
-import argparse
 import json
+import os
 import sys
+from pathlib import Path
+
+from zhnlp.argtypes import Parser
 
 
 def _models(args) -> int:
@@ -27,9 +30,12 @@ def _models(args) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="zhnlp", description="Chinese NLP model zoo and training toolkit.")
-    sub = parser.add_subparsers(dest="command", required=True)
+def build_parser() -> Parser:
+    parser = Parser(prog="zhnlp", description="Chinese NLP model zoo and training toolkit.",
+                    epilog="Mistakes in the input are reported as one line `zhnlp: error: ...` (exit 2); "
+                           "--debug (anywhere on the line) or ZHNLP_DEBUG=1 shows the Python traceback instead.")
+    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
     p = sub.add_parser("models", help="list the model zoo (model_cards/)")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_models)
@@ -52,14 +58,56 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+_PACKAGE = Path(__file__).resolve().parent
+
+
+def user_error(error: BaseException) -> str | None:
+    """The one-line message for an error the user can fix, or None for an internal error (which keeps
+    its traceback): zhnlp's own errors, OSErrors on a path (missing, a directory, no permission, disk
+    full) and ValueErrors raised by zhnlp's validation (not from deep inside a library)."""
     from zhnlp.errors import ZhnlpError
+
+    if isinstance(error, ZhnlpError):
+        return str(error)
+    if isinstance(error, OSError) and (error.filename is not None or error.errno is not None):
+        where = f": {error.filename}" if error.filename is not None else ""
+        return f"{error.strerror or error}{where}"
+    if isinstance(error, ValueError):
+        tb = error.__traceback__
+        while tb is not None and tb.tb_next is not None:
+            tb = tb.tb_next
+        if tb is not None and Path(tb.tb_frame.f_code.co_filename).resolve().is_relative_to(_PACKAGE):
+            return str(error)
+    return None
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one command; returns the exit status (0, 2 for a user error, 128 + signal for a stop)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv or os.environ.get("ZHNLP_DEBUG", "0") not in ("", "0")
+    try:
+        args = build_parser().parse_args([a for a in argv if a != "--debug"])
+    except SystemExit as e:  # a usage mistake (reported, exit 2) or --help (exit 0)
+        return e.code if isinstance(e.code, int) else 2
+    from zhnlp.errors import Interrupted
 
     try:
         return args.func(args)
-    except ZhnlpError as e:
-        print(f"zhnlp: error: {e}", file=sys.stderr)
+    except SystemExit as e:  # a command's own usage check (parser.error), already reported
+        return e.code if isinstance(e.code, int) else 2
+    except Interrupted as e:  # a stop signal, handled: the run saved what it had
+        print(f"zhnlp: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:
+        if debug:
+            raise
+        print("zhnlp: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:
+        message = user_error(e)
+        if message is None or debug:
+            raise
+        print(f"zhnlp: error: {message}", file=sys.stderr)
         return 2
 
 

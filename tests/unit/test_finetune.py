@@ -259,14 +259,22 @@ def test_missing_dev_file(tiny, tmp_path, capsys, dev):
 
 
 def test_failed_run_leaves_the_existing_model_intact(tiny, tmp_path, capsys):
+    """A directory holding a run is refused without --overwrite; with it, a run that fails on its data
+    (before its first step) still leaves the earlier run's model and metrics as they were."""
     out = tmp_path / "out"
     (out / "model").mkdir(parents=True)
     (out / "model" / "config.json").write_text('{"keep": "me"}', encoding="utf-8")
     (out / "metrics.json").write_text('{"dev": {"accuracy": 0.9}}', encoding="utf-8")
     before = {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()}
     train = reviews(tmp_path / "train.jsonl", drop_label_at=3)
-    rc, _, err = run_cli(capsys, "classification", "--model", tiny, "--train", train,
-                         "--dev", reviews(tmp_path / "dev.jsonl"), "--output", out)
+    argv = ["classification", "--model", tiny, "--train", train, "--dev", reviews(tmp_path / "dev.jsonl"),
+            "--output", out]
+    rc, _, err = run_cli(capsys, *argv)
+    message = one_error(err)
+    assert rc == 2 and f"--output {out}" in message and "already holds metrics.json, model" in message
+    assert "--overwrite" in message
+    assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
+    rc, _, err = run_cli(capsys, *argv, "--overwrite")
     assert rc == 2 and f"{train}:3:" in one_error(err)
     assert {p.relative_to(out): p.read_bytes() for p in out.rglob("*") if p.is_file()} == before
 

@@ -241,11 +241,13 @@ def test_cli_reports_bad_inputs_by_line(models, capsys, tmp_path):
     captured = capsys.readouterr()
     assert f"{file}:2: no mask token" in captured.err
     assert captured.out == ""  # inputs are checked as they are read: the bad line stops its batch before it runs
-    with pytest.raises(SystemExit):
-        main(["predict", "word-segmentation", "--top-k", "3", "文本"])
-    assert "--top-k does not apply" in capsys.readouterr().err
-    with pytest.raises(SystemExit):
-        main(["predict", "summarization", "文本"])
+    # usage mistakes: one line, exit 2 (main returns the status instead of raising SystemExit)
+    assert main(["predict", "word-segmentation", "--top-k", "3", "文本"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("zhnlp: error:") and "--top-k does not apply" in err and err.count("\n") == 1
+    assert main(["predict", "summarization", "文本"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("zhnlp: error: argument TASK: invalid choice: 'summarization'") and err.count("\n") == 1
 
 
 # ---------------------------------------------------------------------------------------------- question answering

@@ -107,10 +107,7 @@ def init(
     if vpp == 1:
         vpp = None
 
-    backend = "nccl" if torch.cuda.is_available() else "gloo"
-    if backend == "gloo":
-        cpu.install()
-    _init_world(backend, datetime.timedelta(minutes=timeout_minutes))
+    backend = ensure_world(timeout_minutes)
     world = dist.get_world_size()
     if world % (tp * pp) != 0:
         raise LayoutError(
@@ -148,6 +145,43 @@ def init(
         backend=backend,
     )
     return _LAYOUT
+
+
+def ensure_world(timeout_minutes: float = 10.0) -> str:
+    """Initialise torch.distributed (not megatron's groups) if it is not yet; returns the backend."""
+    backend = "nccl" if torch.cuda.is_available() else "gloo"
+    if backend == "gloo":
+        cpu.install()
+    _init_world(backend, datetime.timedelta(minutes=timeout_minutes))
+    return backend
+
+
+def on_rank_zero(fn):
+    """Call ``fn()`` on global rank 0 only and return its result there (None elsewhere); when it raises,
+    every rank raises the same error, so that a check made once (of a shared directory, say) stops the
+    whole job with one message instead of leaving the other ranks waiting. Collective."""
+    ensure_world()
+    if dist.get_world_size() == 1:
+        return fn()
+    result, failure = None, [None]
+    if dist.get_rank() == 0:
+        try:
+            result = fn()
+        except Exception as e:
+            failure = [(type(e), str(e))]
+            dist.broadcast_object_list(failure, src=0)
+            raise
+    dist.broadcast_object_list(failure, src=0)
+    if failure[0] is not None:
+        kind, message = failure[0]
+        try:
+            error = kind(message)
+        except TypeError:  # an exception class that takes other arguments
+            from zhnlp.errors import ZhnlpError
+
+            error = ZhnlpError(message)
+        raise error
+    return result
 
 
 def set_seed(seed: int) -> None:

@@ -13,11 +13,12 @@ import json
 import sys
 from typing import Iterator
 
+from zhnlp.argtypes import Parser, integer, positive
 from zhnlp.errors import DataError
 from zhnlp.pipelines import ALIASES, pipeline, pipeline_class, task_names
 
 
-class _IntermixedParser(argparse.ArgumentParser):
+class _IntermixedParser(Parser):
     """Lets TEXT arguments follow options (``predict TASK --model DIR TEXT...``): plain argparse matches the empty
     TEXT list together with TASK and then rejects the texts after ``--model`` as unrecognised."""
 
@@ -44,9 +45,9 @@ def add_cli(subparsers) -> None:
                    help="inputs (for question-answering, JSON objects with question and context)")
     p.add_argument("--model", help="model directory, model name or hub repo id (not used by word-segmentation)")
     p.add_argument("--input", metavar="FILE", help="read inputs from FILE, one per line ('-': stdin)")
-    p.add_argument("--batch-size", type=int, default=8, help="inputs per forward pass (default 8)")
-    p.add_argument("--top-k", type=int, help="return the k best labels / tokens / answers")
-    p.add_argument("--max-length", type=int, default=512, help="most tokens per forward input (default 512)")
+    p.add_argument("--batch-size", type=positive, default=8, help="inputs per forward pass (default 8)")
+    p.add_argument("--top-k", type=positive, help="return the k best labels / tokens / answers")
+    p.add_argument("--max-length", type=integer(8), default=512, help="most tokens per forward input (default 512)")
     p.set_defaults(func=lambda args: predict(args, p))
 
 

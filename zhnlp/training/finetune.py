@@ -19,7 +19,6 @@ that every data-parallel and tensor-parallel layout sees the same numbers.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import shutil
 import time
@@ -31,7 +30,8 @@ import torch
 import torch.distributed as dist
 
 from zhnlp import distributed
-from zhnlp.errors import DataError, ZhnlpError
+from zhnlp.argtypes import check_file, check_range
+from zhnlp.errors import DataError, Interrupted, ZhnlpError
 
 
 @dataclass
@@ -45,6 +45,7 @@ class FinetuneConfig:
     dev: str | None = None
     test: str | None = None
     output: str = "runs/finetune"
+    overwrite: bool = False  # replace an earlier run's results in ``output`` (else such a directory is refused)
     epochs: int = 3
     lr: float = 5e-5
     warmup_ratio: float = 0.1
@@ -53,10 +54,10 @@ class FinetuneConfig:
     micro_batch_size: int | None = None  # default: batch_size / data-parallel size (no accumulation)
     eval_batch_size: int = 64
     max_length: int | None = None  # tokens per feature (mrc: per window); default per task
-    doc_stride: int = 128  # mrc: tokens between the starts of consecutive context windows
-    max_query_length: int = 64
+    doc_stride: int | None = None  # mrc: tokens between window starts; default min(128, half the context window)
+    max_query_length: int | None = None  # mrc: question tokens kept; default min(64, max_length // 2)
     max_answer_length: int = 256  # mrc, in tokens (about 10% of CMRC2018 answers are longer than 64)
-    ner_stride: int = 32
+    ner_stride: int | None = None  # ner: sub-tokens shared by consecutive windows; default min(32, window // 4)
     labels: list[str] | None = None  # label set (default: from the training file)
     label_names: list[str] | None = None  # names for the model's id2label, one per label (default: the labels)
     max_steps: int | None = None  # stop early (quick runs and tests)
@@ -68,6 +69,26 @@ class FinetuneConfig:
     pp: int = 1
     log_interval: int = 10
     oracle: bool = False  # mrc: score gold positions through windowing and decoding, no training
+
+    def __post_init__(self):
+        """Refuse values outside their range where they enter (the command line checks the same)."""
+        for name in ("epochs", "batch_size", "eval_batch_size", "max_answer_length", "log_interval", "tp", "pp"):
+            check_range(name, getattr(self, name), low=1)
+        for name in ("micro_batch_size", "max_steps", "max_train_examples", "doc_stride", "max_query_length"):
+            if getattr(self, name) is not None:
+                check_range(name, getattr(self, name), low=1)
+        if self.max_length is not None:
+            check_range("max_length", self.max_length, low=8)
+        if self.ner_stride is not None:
+            check_range("ner_stride", self.ner_stride, low=0)
+        check_range("seed", self.seed, low=0)
+        check_range("lr", self.lr, "a number", low=0, low_open=True)
+        check_range("warmup_ratio", self.warmup_ratio, "a number", 0, 1)
+        check_range("weight_decay", self.weight_decay, "a number", low=0)
+        if self.dropout is not None:
+            check_range("dropout", self.dropout, "a number", 0, 1, high_open=True)
+        if self.precision not in ("fp32", "bf16", "fp16"):
+            raise ValueError(f"precision {self.precision!r} is not one of fp32, bf16, fp16")
 
 
 # ------------------------------------------------------------------------------------------ tasks
@@ -127,6 +148,28 @@ class MRCTask(Task):
     name, head, metric = "mrc", "question_answering", "f1"
     max_length = 512
 
+    def configure(self, cfg):
+        """Question budget and window stride from ``max_length`` unless given, and refused when they
+        leave no context or would skip context tokens between windows."""
+        cfg = super().configure(cfg)
+        length = cfg.max_length
+        query = cfg.max_query_length
+        if query is None:  # up to 64 question tokens, leaving at least half the window and a given stride
+            query = min(64, length // 2)
+            if cfg.doc_stride:
+                query = max(1, min(query, length - 3 - cfg.doc_stride))
+        window = length - query - 3  # context tokens per window for the longest question
+        if window < 1:
+            raise ValueError(f"--max-length {length} leaves no room for the context after a question of up to "
+                             f"--max-query-length {query} tokens and 3 special tokens; raise --max-length above "
+                             f"{query + 3} or lower --max-query-length.")
+        stride = cfg.doc_stride or max(1, min(128, window // 2))
+        if stride > window:
+            raise ValueError(f"--doc-stride {stride} is larger than the context window ({window} tokens at "
+                             f"--max-length {length} with questions of up to {query} tokens): the context between "
+                             f"windows would never be read; pass --doc-stride {window} or less.")
+        return dataclasses.replace(cfg, max_query_length=query, doc_stride=stride)
+
     def read(self, path, labels):
         from zhnlp.data.tasks.mrc import read_squad
 
@@ -156,6 +199,16 @@ class MRCTask(Task):
 
 class NERTask(Task):
     name, head, metric = "ner", "token_classification", "f1"
+
+    def configure(self, cfg):
+        """The window overlap from ``max_length`` unless given; refused when it fills the window."""
+        cfg = super().configure(cfg)
+        room = cfg.max_length - 2  # sub-tokens per window besides [CLS] and [SEP]
+        stride = cfg.ner_stride if cfg.ner_stride is not None else min(32, room // 4)
+        if stride >= room:
+            raise ValueError(f"--ner-stride {stride} must be smaller than the {room} sub-tokens a window of "
+                             f"--max-length {cfg.max_length} holds; lower --ner-stride or raise --max-length.")
+        return dataclasses.replace(cfg, ner_stride=stride)
 
     def read(self, path, labels):
         from zhnlp.data.tasks.ner import label_list_from, read_ner
@@ -301,29 +354,44 @@ def _run_config(cfg: FinetuneConfig, arch: dict, world_size: int, steps: int):
 
 def finetune(cfg: FinetuneConfig) -> dict:
     """Fine-tune, evaluate each epoch, keep the best model, score the test set; returns the
-    contents of ``OUTPUT/metrics.json`` (collective under torchrun: every rank calls it)."""
+    contents of ``OUTPUT/metrics.json`` (collective under torchrun: every rank calls it).
+
+    ``OUTPUT`` must be new or empty unless ``cfg.overwrite`` (the earlier run's results are then
+    deleted first), and is locked for the run (see :mod:`zhnlp.training.rundir`). ``metrics.json``
+    is rewritten after every epoch and always describes the model in ``OUTPUT/model``; its
+    ``status`` is ``running``, ``complete`` or ``interrupted`` (SIGTERM/SIGINT: the current step is
+    finished, the best model so far kept, and :class:`zhnlp.errors.Interrupted` raised)."""
+    from zhnlp.training.rundir import run_directory
+
+    task = get_task(cfg.task)
+    cfg = task.configure(cfg)
+    if cfg.oracle and task.name != "mrc":
+        raise ZhnlpError("--oracle is for reading comprehension (zhnlp finetune mrc ...).")
+    if cfg.oracle and not (cfg.train or cfg.dev or cfg.test):
+        raise ZhnlpError("--oracle needs at least one of --train/--dev/--test.")
+    for name in ("train", "dev", "test"):
+        if getattr(cfg, name) is not None:
+            check_file(f"--{name}", getattr(cfg, name))
+        elif name != "test" and not cfg.oracle:
+            raise ZhnlpError(f"fine-tuning needs --{name} FILE.")
+    with run_directory(cfg.output, overwrite=cfg.overwrite) as run:
+        return oracle(cfg, run) if cfg.oracle else _finetune(task, cfg, run)
+
+
+def _finetune(task: Task, cfg: FinetuneConfig, run_dir) -> dict:
     from zhnlp import hub
     from zhnlp.models import family_for_model_type
     from zhnlp.models.common.pretrained import PretrainedModel
     from zhnlp.tokenizers import AutoTokenizer
+    from zhnlp.tokenizers.auto import check_tokenizer_fits
     from zhnlp.training.trainer import Trainer
 
-    task = get_task(cfg.task)
-    cfg = task.configure(cfg)
-    if cfg.oracle:
-        return oracle(cfg)
-    for name in ("train", "dev"):
-        if getattr(cfg, name) is None:
-            raise ZhnlpError(f"fine-tuning needs --{name} FILE.")
-        if not Path(getattr(cfg, name)).is_file():
-            raise DataError(f"--{name} {getattr(cfg, name)}: no such file.")
-    if cfg.test is not None and not Path(cfg.test).is_file():
-        raise DataError(f"--test {cfg.test}: no such file.")
     started = time.time()
     directory = hub.resolve(cfg.model)
     tokenizer = AutoTokenizer.from_pretrained(directory)
-    raw = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    raw = hub.read_config_json(directory)
     family = family_for_model_type(raw.get("model_type"), str(directory / "config.json"))
+    check_tokenizer_fits(tokenizer, raw, str(directory))  # before any batch, not as an IndexError in one
 
     train_examples, train_features, labels = _load_split(task, cfg, tokenizer, cfg.train, cfg.labels,
                                                          limit=cfg.max_train_examples)
@@ -338,7 +406,7 @@ def finetune(cfg: FinetuneConfig) -> dict:
         overrides["id2label"] = dict(enumerate(names))
     if cfg.dropout is not None:
         overrides.update(hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.dropout)
-    arch = family.config_class.from_dict(raw, **overrides)
+    arch = family.config_class.from_dict(raw, source=str(directory / "config.json"), **overrides)
 
     world = dist.get_world_size() if dist.is_initialized() else _env_world_size()
     per_epoch = len(train_features) // cfg.batch_size
@@ -349,13 +417,33 @@ def finetune(cfg: FinetuneConfig) -> dict:
         family, arch, task.head, directory, seed=cfg.seed, **options), batches=batches,
         tokenizer_name=str(directory))
     rank0 = dist.get_rank() == 0
+    run_dir.clear_previous()  # data and model are loaded: only now may --overwrite delete the earlier run
     out = Path(cfg.output)
     best_dir = out / "model"
     history, best = [], None
+    result = {"task": task.name, "model": cfg.model, "metric": task.metric, "labels": labels,
+              "train_examples": len(train_examples), "train_features": len(train_features), "steps": steps,
+              "status": "running", "epochs": history, "best_epoch": None, "dev": None, "test": None,
+              "config": dataclasses.asdict(cfg)}
+
+    def write(status: str, **extra) -> None:
+        # after every epoch, right after the best model is swapped in: the file always describes OUTPUT/model
+        result.update(status=status, best_epoch=best["epoch"] if best else None, dev=best["dev"] if best else None,
+                      time_s=round(time.time() - started, 1), **extra)
+        if rank0:
+            _atomic_json(out / "metrics.json", result)
+
     epochs = math.ceil(steps / max(per_epoch, 1)) if per_epoch else 0
     for epoch in range(1, epochs + 1):
         end = min(epoch * per_epoch, steps)
-        log = trainer.train(steps=end)
+        try:
+            log = trainer.train(steps=end)
+        except Interrupted as stop:
+            # the step in flight was finished; its epoch is not scored: the best model so far stays
+            write("interrupted", stopped_at_step=trainer.step)
+            kept = f"the best model so far (epoch {best['epoch']}) is in {best_dir}" if best else "no model was saved"
+            raise Interrupted(f"{stop} during epoch {epoch} at step {trainer.step}; {kept}, "
+                              f"metrics in {out / 'metrics.json'}.", stop.signum) from None
         scores, predictions = _evaluate(task, cfg, trainer.model, dev, labels, cfg.dev)
         # the loss lives on the last pipeline stage: take the logging rank's mean
         mean = torch.tensor(float(np.mean([m["loss"] for m in log])) if log else float("nan"), dtype=torch.float64)
@@ -369,20 +457,14 @@ def finetune(cfg: FinetuneConfig) -> dict:
             _save_model(trainer.model, tokenizer, best_dir)
             if rank0:
                 _atomic_json(out / "dev_predictions.json", predictions)
-    result = {"task": task.name, "model": cfg.model, "metric": task.metric, "labels": labels,
-              "train_examples": len(train_examples), "train_features": len(train_features), "steps": steps,
-              "epochs": history, "best_epoch": best["epoch"] if best else None,
-              "dev": best["dev"] if best else None, "test": None}
+        write("running")
     if test is not None and best is not None:
         final = PretrainedModel.from_checkpoint(family, family.config_class.from_json_file(best_dir / "config.json"),
                                                 task.head, best_dir, **_options(trainer))
         result["test"], predictions = _evaluate(task, cfg, final, test, labels, cfg.test)
         if rank0:
             _atomic_json(out / "test_predictions.json", predictions)
-    result["time_s"] = round(time.time() - started, 1)
-    result["config"] = dataclasses.asdict(cfg)
-    if rank0:
-        _atomic_json(out / "metrics.json", result)
+    write("complete")
     return result
 
 
@@ -440,7 +522,7 @@ def _plain(value):
     raise TypeError(f"cannot write {type(value).__name__} as JSON")
 
 
-def oracle(cfg: FinetuneConfig) -> dict:
+def oracle(cfg: FinetuneConfig, run_dir=None) -> dict:
     """Reading comprehension: put the gold start/end positions through the same windowing and
     span decoding as a model's logits (no training) and score them with the official metric."""
     from zhnlp.data.tasks.mrc import oracle_report
@@ -457,8 +539,8 @@ def oracle(cfg: FinetuneConfig) -> dict:
         if path is None:
             continue
         result[split] = oracle_report(path, tokenizer, max_seq_len=cfg.max_length, doc_stride=cfg.doc_stride,
-                                      max_answer_len=cfg.max_answer_length)
-    if not result:
-        raise ZhnlpError("--oracle needs at least one of --train/--dev/--test.")
+                                      max_answer_len=cfg.max_answer_length, max_query_len=cfg.max_query_length)
+    if run_dir is not None:
+        run_dir.clear_previous()
     _atomic_json(Path(cfg.output) / "oracle.json", result)
     return result
