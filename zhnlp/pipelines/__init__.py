@@ -44,7 +44,7 @@ def pipeline_class(task: str) -> type[Pipeline]:
 
 
 def pipeline(task: str, model: str | os.PathLike | None = None, *, tokenizer=None, batch_size: int = 8,
-             max_length: int = 512, **task_options) -> Pipeline:
+             max_length: int = 512, allow_untrained: bool = False, **task_options) -> Pipeline:
     """A ready-to-call pipeline for ``task``: ``p(text) -> result``, ``p([texts]) -> [results]``.
 
     Args:
@@ -56,11 +56,15 @@ def pipeline(task: str, model: str | os.PathLike | None = None, *, tokenizer=Non
         tokenizer: a tokenizer object or path; defaults to the tokenizer saved with the model.
         batch_size: inputs per forward pass (windows of long inputs count one each).
         max_length: most tokens per forward input (capped at the model's ``max_position_embeddings``).
+        allow_untrained: run a model whose task head is freshly initialised (a checkpoint without the head's
+            weights: its outputs are random). By default such a model is refused with
+            :class:`zhnlp.errors.CheckpointError` naming the missing weights and how to fine-tune it.
         task_options: the task's options, e.g. ``top_k`` (classification, fill-mask, QA), ``doc_stride`` and
             ``max_answer_len`` (QA), ``hmm`` and ``userdict`` (word segmentation); see each task's class.
     """
     cls = pipeline_class(task)
-    return cls(model, tokenizer=tokenizer, batch_size=batch_size, max_length=max_length, **task_options)
+    return cls(model, tokenizer=tokenizer, batch_size=batch_size, max_length=max_length,
+               allow_untrained=allow_untrained, **task_options)
 
 
 __all__ = ["ALIASES", "TASKS", "Pipeline", "pipeline", "pipeline_class", "task_names"]

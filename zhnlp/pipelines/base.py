@@ -11,11 +11,16 @@ Every task follows the same five steps (the shape of PaddleNLP's Taskflow):
    into the caller's string.
 
 Inputs are consumed ``batch_size`` at a time (``iter_results``), so an input stream of any length runs in bounded
-memory; ``__call__`` returns one result for one input and a list for a list.
+memory; ``__call__`` returns one result for one input and a list for a non-empty list.
+
+A model whose task head was freshly initialised (a checkpoint without the head's weights, e.g. a masked-LM
+checkpoint given to the sentiment pipeline) gives random outputs: building the pipeline refuses it unless
+``allow_untrained=True``.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 from typing import Any, Iterable, Iterator
@@ -30,6 +35,28 @@ MODEL_INPUTS = ("input_ids", "token_type_ids", "attention_mask")
 UNSET = object()  # an option the caller did not pass (top_k=None means "all labels", not "default")
 
 
+def is_positive_int(value) -> bool:
+    """True for an int >= 1 (``True`` is an int to Python, never a size here)."""
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 1
+
+
+def refuse_json_object(text: str, task: str, takes: str) -> None:
+    """Refuse a text that is a whole JSON object (a jsonl line of training data or a question-answering input
+    given to a task that takes plain text): classifying the braces and keys would be silent nonsense."""
+    stripped = text.strip()
+    if not (stripped.startswith("{") and stripped.endswith("}")):
+        return
+    try:
+        item = json.loads(stripped)
+    except json.JSONDecodeError:
+        return
+    if isinstance(item, dict):
+        hint = (" ({'question', 'context'} inputs are for the question-answering pipeline)"
+                if {"question", "context"} & set(item) else "")
+        raise ValueError(f"the input is a JSON object with keys {sorted(item)}, but {task} takes {takes}{hint}; "
+                         f"pass the text itself, e.g. the value of its 'text' key.")
+
+
 class Pipeline:
     """Base of the task pipelines; subclasses set the class attributes and implement steps 3 and 5.
 
@@ -39,26 +66,37 @@ class Pipeline:
         batch_size: inputs per forward (features per forward where one input gives several windows).
         max_length: most tokens per feature, special tokens included; capped at the model's
             ``max_position_embeddings``.
+        allow_untrained: run a model whose task head is freshly initialised (its outputs are random); by
+            default such a model is refused with :class:`~zhnlp.errors.CheckpointError`.
         options: the task's options (see each task's docstring); ``__call__`` may override them per call.
     """
 
     task = ""
     auto_class: str | None = None  # name of the zhnlp Auto class that builds the model; None: no model
     default_model: str | None = None
+    head = ""  # what the task head is, for messages ("sequence-classification head")
+    finetune_task = ""  # the `zhnlp finetune` task that trains the head; "" when fine-tuning does not apply
     default_options: dict = {}
     # Model outputs kept per feature, and whether each has a sequence dimension to trim the padding from.
     output_names: dict[str, bool] = {}
 
     def __init__(self, model: str | os.PathLike | None = None, *, tokenizer=None, batch_size: int = 8,
-                 max_length: int = 512, **options):
-        if not isinstance(batch_size, int) or batch_size < 1:
+                 max_length: int = 512, allow_untrained: bool = False, **options):
+        if not is_positive_int(batch_size):
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
-        if not isinstance(max_length, int) or max_length < 8:
+        if not is_positive_int(max_length) or max_length < 8:
             raise ValueError(f"max_length must be an integer of at least 8 tokens, got {max_length!r}.")
         self.batch_size = batch_size
         self.options = self._merge_options(options)
         self.model = self._construct_model(model)
+        name = os.fspath(model if model is not None else self.default_model)
+        if not allow_untrained:
+            self._refuse_untrained(name)
         self.tokenizer = self._construct_tokenizer(model, tokenizer)
+        from zhnlp.tokenizers.auto import check_tokenizer_fits
+
+        where = tokenizer if isinstance(tokenizer, (str, os.PathLike)) else name if tokenizer is None else ""
+        check_tokenizer_fits(self.tokenizer, self.model.config, os.fspath(where))
         self.max_length = self._cap_max_length(max_length)
 
     # ------------------------------------------------------------------ steps 1 and 2
@@ -72,6 +110,21 @@ class Pipeline:
                              f"save_pretrained or `zhnlp export`) or hub repo id as model= (--model on the command "
                              f"line).")
         return getattr(zhnlp.auto, self.auto_class).from_pretrained(name).eval()
+
+    def _refuse_untrained(self, name: str) -> None:
+        """Refuse a model whose task head was freshly initialised rather than loaded: its outputs are random."""
+        from zhnlp.errors import CheckpointError
+
+        fresh = list(getattr(self.model, "fresh_weights", []) or [])
+        if not fresh:
+            return
+        shown = ", ".join(fresh[:6]) + (f" and {len(fresh) - 6} more" if len(fresh) > 6 else "")
+        fix = (f"fine-tune it first (zhnlp finetune {self.finetune_task} --model {name} ...) and load the result"
+               if self.finetune_task else f"load a checkpoint saved with its {self.head}"
+               + (f" (such as {self.default_model})" if self.default_model else ""))
+        raise CheckpointError(f"{name} has no weights for the {self.head} of the {self.task!r} pipeline ({shown} "
+                              f"would be freshly initialised, so its outputs would be random); {fix}, or pass "
+                              f"allow_untrained=True (zhnlp predict --allow-untrained) to run it untrained.")
 
     def _construct_tokenizer(self, model, tokenizer):
         """Step 2: the tokenizer object given, or the one saved with the model (or at ``tokenizer``)."""
@@ -133,8 +186,12 @@ class Pipeline:
 
     # ------------------------------------------------------------------ calling
     def __call__(self, inputs, **options):
-        """One result for one input; a list of results for a list of inputs."""
+        """One result for one input; a list of results for a list of inputs (an empty list is refused: it is
+        almost always input that failed to load; ``iter_results`` takes an empty stream)."""
         single = not isinstance(inputs, list)
+        if not single and not inputs:
+            raise ValueError(f"the {self.task!r} pipeline got an empty list of inputs; pass at least one input "
+                             f"(check that the inputs were read).")
         results = list(self.iter_results([inputs] if single else inputs, **options))
         return results[0] if single else results
 
@@ -159,7 +216,10 @@ class Pipeline:
         unknown = sorted(set(options) - set(self.default_options))
         if unknown:
             known = ", ".join(sorted(self.default_options)) or "none"
-            raise TypeError(f"unknown option(s) {unknown} for the {self.task!r} pipeline; its options: {known}.")
+            hint = (" (question= and context= are for the 'question-answering' pipeline)"
+                    if {"question", "context"} & set(unknown) else "")
+            raise TypeError(f"unknown option(s) {unknown} for the {self.task!r} pipeline{hint}; its options: "
+                            f"{known}.")
         merged = {**(self.default_options if base is None else base), **options}
         self.check_options(merged)
         return merged

@@ -14,7 +14,7 @@ import sys
 from typing import Iterator
 
 from zhnlp.argtypes import Parser, integer, positive
-from zhnlp.errors import DataError
+from zhnlp.errors import DataError, ZhnlpError
 from zhnlp.pipelines import ALIASES, pipeline, pipeline_class, task_names
 
 
@@ -48,6 +48,8 @@ def add_cli(subparsers) -> None:
     p.add_argument("--batch-size", type=positive, default=8, help="inputs per forward pass (default 8)")
     p.add_argument("--top-k", type=positive, help="return the k best labels / tokens / answers")
     p.add_argument("--max-length", type=integer(8), default=512, help="most tokens per forward input (default 512)")
+    p.add_argument("--allow-untrained", action="store_true",
+                   help="run a model whose task head is freshly initialised (random outputs); refused by default")
     p.set_defaults(func=lambda args: predict(args, p))
 
 
@@ -62,7 +64,10 @@ def predict(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             parser.error(f"--top-k does not apply to {task}")
         options["top_k"] = args.top_k
     try:
-        pipe = pipeline(task, args.model, batch_size=args.batch_size, max_length=args.max_length, **options)
+        pipe = pipeline(task, args.model, batch_size=args.batch_size, max_length=args.max_length,
+                        allow_untrained=args.allow_untrained, **options)
+    except ZhnlpError:  # e.g. CheckpointError (a ValueError too): the top-level handler reports it
+        raise
     except (TypeError, ValueError) as e:  # usage problems (no model, bad sizes); ZhnlpErrors pass through
         parser.error(str(e))
     for result in pipe.iter_results(_checked(pipe, _inputs(args, task))):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from zhnlp.pipelines.base import Pipeline
+from zhnlp.pipelines.base import Pipeline, is_positive_int
 
 
 class FillMaskPipeline(Pipeline):
@@ -25,6 +25,7 @@ class FillMaskPipeline(Pipeline):
     task = "fill-mask"
     auto_class = "AutoModelForMaskedLM"
     default_model = "bert-base-chinese"
+    head = "masked-LM head"
     default_options = {"top_k": 5}
 
     def check_input(self, item):
@@ -63,7 +64,7 @@ class FillMaskPipeline(Pipeline):
 
     def check_options(self, options):
         top_k = options["top_k"]
-        if not isinstance(top_k, int) or top_k < 1:
+        if not is_positive_int(top_k):
             raise ValueError(f"top_k must be a positive integer, got {top_k!r}.")
 
     def postprocess(self, items, features, outputs, options):

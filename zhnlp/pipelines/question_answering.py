@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from zhnlp.data.tasks.mrc import MRCExample, build_mrc_features, decode_spans
-from zhnlp.pipelines.base import Pipeline
+from zhnlp.pipelines.base import Pipeline, is_positive_int, logger
 
 _PAD_LOGIT = -1e9  # logits of padding positions when features of different lengths are stacked for decoding
 
@@ -17,7 +17,8 @@ class QuestionAnsweringPipeline(Pipeline):
     arguments (two strings, or two lists of the same length). Contexts longer than ``max_length`` tokens are read
     in windows ``[CLS] question [SEP] window [SEP]`` whose starts are ``doc_stride`` context tokens apart (see
     :mod:`zhnlp.data.tasks.mrc`); the answer may come from any window. Questions are cut to ``max_query_len``
-    tokens (default 64, at most half of ``max_length``).
+    tokens (default 64, at most half of ``max_length``), with a warning on the ``zhnlp`` logger. An empty (or
+    whitespace-only) question or context is refused.
 
     Output per input: ``{"answer": str, "start": int, "end": int, "score": float}`` with
     ``context[start:end] == answer``: the span (at most ``max_answer_len`` tokens) of highest start + end logit
@@ -29,14 +30,19 @@ class QuestionAnsweringPipeline(Pipeline):
 
     task = "question-answering"
     auto_class = "AutoModelForQuestionAnswering"
+    head, finetune_task = "question-answering head", "mrc"
     default_options = {"doc_stride": 128, "max_answer_len": 64, "max_query_len": 64, "top_k": None}
     output_names = {"start_logits": True, "end_logits": True}
 
     def __call__(self, inputs=None, *, question=None, context=None, **options):
         """``qa({"question", "context"})``, ``qa([...])`` or ``qa(question=..., context=...)``."""
         if question is not None or context is not None:
-            if inputs is not None or question is None or context is None:
-                raise ValueError("pass either one input (a dict or a list of dicts) or both question= and context=")
+            if inputs is not None:
+                raise ValueError("pass either one input (a dict or a list of dicts) or question= and context=, "
+                                 "not both.")
+            if question is None or context is None:
+                missing = "question=" if question is None else "context="
+                raise ValueError(f"{missing} is missing; pass both question= and context=.")
             if isinstance(question, list) != isinstance(context, list) or (
                     isinstance(question, list) and len(question) != len(context)):
                 raise ValueError("question= and context= must both be strings or both lists of the same length")
@@ -48,30 +54,45 @@ class QuestionAnsweringPipeline(Pipeline):
 
     def check_options(self, options):
         for name in ("doc_stride", "max_answer_len", "max_query_len"):
-            if not isinstance(options[name], int) or options[name] < 1:
+            if not is_positive_int(options[name]):
                 raise ValueError(f"{name} must be a positive integer, got {options[name]!r}.")
         top_k = options["top_k"]
-        if top_k is not None and (not isinstance(top_k, int) or top_k < 1):
+        if top_k is not None and not is_positive_int(top_k):
             raise ValueError(f"top_k must be None (one answer) or a positive integer, got {top_k!r}.")
 
     def check_input(self, item):
         if not isinstance(item, dict) or not {"question", "context"} <= set(item):
             raise ValueError(f"a question-answering input is a dict with 'question' and 'context', got "
                              f"{sorted(item) if isinstance(item, dict) else type(item).__name__}.")
-        if not isinstance(item["question"], str) or not isinstance(item["context"], str):
-            raise TypeError("'question' and 'context' must be strings.")
+        for name in ("question", "context"):
+            if not isinstance(item[name], str):
+                raise TypeError(f"'{name}' must be a string, got {type(item[name]).__name__}.")
+        if not item["question"].strip():
+            raise ValueError("the question is empty (or only whitespace); write the question to answer from the "
+                             "context.")
         if not item["context"].strip():
-            raise ValueError("the context is empty; there is nothing to take an answer from.")
+            raise ValueError("the context is empty (or only whitespace); there is nothing to take an answer from.")
         return item["question"], item["context"]
 
     def preprocess(self, items, options):
         examples = [MRCExample(qid=str(i), question=q, context=c) for i, (q, c) in enumerate(items)]
         max_query_len = min(options["max_query_len"], self.max_length // 2)
+        self._warn_long_questions([q for q, _ in items], max_query_len)
         features = build_mrc_features(self.tokenizer, examples, max_seq_len=self.max_length,
                                       doc_stride=options["doc_stride"], max_query_len=max_query_len)
         return [{"input_ids": f.input_ids, "token_type_ids": f.token_type_ids, "attention_mask": f.attention_mask,
                  "example_index": f.example_index, "feature": f}
                 for f in features]
+
+    def _warn_long_questions(self, questions: list[str], max_query_len: int) -> None:
+        """Say which questions are cut to ``max_query_len`` tokens (the model then answers the cut question)."""
+        lengths = [len(ids) for ids in self.tokenizer(questions, add_special_tokens=False)["input_ids"]]
+        for question, n in zip(questions, lengths):
+            if n > max_query_len:
+                shown = question if len(question) <= 30 else question[:30] + "..."
+                logger.warning("%s: the question %r has %d tokens; it was truncated to its first %d (max_query_len, "
+                               "at most max_length // 2 = %d); shorten the question, or raise max_query_len (and "
+                               "max_length).", self.task, shown, n, max_query_len, self.max_length // 2)
 
     def postprocess(self, items, features, outputs, options):
         examples = [MRCExample(qid=str(i), question=q, context=c) for i, (q, c) in enumerate(items)]

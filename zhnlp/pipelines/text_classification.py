@@ -4,14 +4,15 @@ from __future__ import annotations
 
 import torch
 
-from zhnlp.pipelines.base import UNSET, Pipeline
+from zhnlp.pipelines.base import UNSET, Pipeline, is_positive_int, refuse_json_object
 
 
 class TextClassificationPipeline(Pipeline):
     """Classify texts with a fine-tuned sequence-classification model.
 
     Input: a string, a dict ``{"text": ..., "text_pair": ...}`` (``text_pair`` optional, e.g. for sentence-pair
-    tasks such as AFQMC), or a list of those. Texts longer than ``max_length`` tokens (special tokens included)
+    tasks such as AFQMC), or a non-empty list of those. Empty (or whitespace-only) texts and pairs are refused, as
+    are texts that are whole JSON objects (a jsonl line given as the text). Texts longer than ``max_length`` tokens (special tokens included)
     are truncated to it: only their beginning is classified; a pair is trimmed from its longer side first.
 
     Output per input: ``{"label": name, "score": probability}`` for the most probable label, names from the
@@ -24,17 +25,18 @@ class TextClassificationPipeline(Pipeline):
 
     task = "sentiment-analysis"
     auto_class = "AutoModelForSequenceClassification"
+    head, finetune_task = "sequence-classification head", "classification"
     default_options = {"top_k": UNSET}
     output_names = {"logits": False}
 
     def check_options(self, options):
         top_k = options["top_k"]
-        if not (top_k is UNSET or top_k is None or (isinstance(top_k, int) and top_k >= 1)):
+        if not (top_k is UNSET or top_k is None or is_positive_int(top_k)):
             raise ValueError(f"top_k must be None (every label) or a positive integer, got {top_k!r}.")
 
     def check_input(self, item):
         if isinstance(item, str):
-            return item, None
+            return self._checked(item, None)
         if isinstance(item, dict):
             extra = sorted(set(item) - {"text", "text_pair"})
             if "text" not in item or extra:
@@ -42,10 +44,21 @@ class TextClassificationPipeline(Pipeline):
                                  f"got {sorted(item)}.")
             text, pair = item["text"], item.get("text_pair")
             if not isinstance(text, str) or not (pair is None or isinstance(pair, str)):
-                raise TypeError("'text' and 'text_pair' must be strings.")
-            return text, pair
+                raise TypeError(f"'text' and 'text_pair' must be strings, got {type(text).__name__} and "
+                                f"{type(pair).__name__}.")
+            return self._checked(text, pair)
         raise TypeError(f"text classification takes a string or a dict {{'text', 'text_pair'}}, "
                         f"got {type(item).__name__}.")
+
+    def _checked(self, text: str, pair: str | None) -> tuple[str, str | None]:
+        # An empty text still gets [CLS] [SEP] and a confident-looking label: refuse it instead.
+        if not text.strip():
+            raise ValueError("the text is empty (or only whitespace); there is nothing to classify.")
+        if pair is not None and not pair.strip():
+            raise ValueError("'text_pair' is empty (or only whitespace); give the second text, or leave "
+                             "'text_pair' out to classify 'text' alone.")
+        refuse_json_object(text, "text classification", "plain text")
+        return text, pair
 
     def preprocess(self, items, options):
         features = []

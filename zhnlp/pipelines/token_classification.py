@@ -6,7 +6,7 @@ import numpy as np
 
 from zhnlp.data.tasks.ner import NERExample, decode_ner, encode_ner
 from zhnlp.metrics.ner import entities
-from zhnlp.pipelines.base import Pipeline
+from zhnlp.pipelines.base import Pipeline, refuse_json_object
 
 
 class TokenClassificationPipeline(Pipeline):
@@ -25,6 +25,7 @@ class TokenClassificationPipeline(Pipeline):
 
     task = "ner"
     auto_class = "AutoModelForTokenClassification"
+    head, finetune_task = "token-classification head", "ner"
     default_options = {"stride": 32}
     output_names = {"logits": True}
 
@@ -37,14 +38,23 @@ class TokenClassificationPipeline(Pipeline):
                              f"(O, B-PER, I-PER, ...); save the fine-tuned model with its id2label.")
         self.id2label = id2label
         self.label2id = {tag: i for i, tag in id2label.items()}
+        self.check_options(self.options)  # the stride against the window, now that max_length is known
 
     def check_options(self, options):
-        if not isinstance(options["stride"], int) or options["stride"] < 0:
-            raise ValueError(f"stride must be a non-negative integer, got {options['stride']!r}.")
+        stride = options["stride"]
+        if not isinstance(stride, int) or isinstance(stride, bool) or stride < 0:
+            raise ValueError(f"stride must be a non-negative integer, got {stride!r}.")
+        room = getattr(self, "max_length", None)
+        room = room - 2 if room is not None else None  # sub-tokens per window besides [CLS] and [SEP]
+        if room is not None and stride >= room:
+            raise ValueError(f"stride={stride} (the overlap of consecutive windows) must be smaller than the {room} "
+                             f"sub-tokens a window of max_length={self.max_length} holds; pass stride={room // 4} "
+                             f"or raise max_length.")
 
     def check_input(self, item):
         if not isinstance(item, str):
             raise TypeError(f"ner takes a string (or a list of strings), got {type(item).__name__}.")
+        refuse_json_object(item, "ner", "plain text")
         return item
 
     def preprocess(self, items, options):

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from zhnlp.pipelines.base import Pipeline
+from zhnlp.pipelines.base import Pipeline, is_positive_int
 from zhnlp.tokenizers.segment import Segmenter, segment
 
 
@@ -21,11 +21,13 @@ class WordSegmentationPipeline(Pipeline):
     auto_class = None
     default_options = {"hmm": True, "userdict": None, "backend": "auto"}
 
-    def __init__(self, model=None, *, tokenizer=None, batch_size: int = 8, max_length: int = 512, **options):
+    def __init__(self, model=None, *, tokenizer=None, batch_size: int = 8, max_length: int = 512,
+                 allow_untrained: bool = False, **options):
+        # allow_untrained is accepted (zhnlp predict passes it to every task) and has nothing to allow here
         if model is not None or tokenizer is not None:
             raise ValueError("word-segmentation uses jieba's dictionary, not a model or tokenizer; drop model=/"
                              "tokenizer= (add your own words with userdict=PATH).")
-        if not isinstance(batch_size, int) or batch_size < 1:
+        if not is_positive_int(batch_size):
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
         self.batch_size = batch_size
         self.max_length = max_length  # unused: segmentation has no length limit
