@@ -231,7 +231,7 @@ def _chunks(paths: list[Path], fmt: str, field_name: str, entities_field: str | 
 def preprocess(inputs: list[str | Path], output_prefix: str | Path, tokenizer: str, *, fmt: str = "auto",
                field_name: str = "text", workers: int = 1, on_error: str = "skip", masking: bool = True,
                entities_field: str | None = None, phrases: list[str] | None = None,
-               progress: bool = True) -> PreprocessReport:
+               progress: bool = True, overwrite: bool = False) -> PreprocessReport:
     """Tokenise ``inputs`` into ``output_prefix``.{bin,idx} (+ ``_units`` side data and ``.json``).
 
     Args:
@@ -247,18 +247,44 @@ def preprocess(inputs: list[str | Path], output_prefix: str | Path, tokenizer: s
         entities_field: jsonl field with entity spans ``[{"start", "end"}, ...]`` per document
             (e.g. ``zhnlp data fetch peoples-daily-1998``'s ``entities.jsonl``).
         phrases: multi-word phrases to mask as one unit where jieba's words form them.
+        overwrite: replace a corpus already at ``output_prefix`` (else refused; the old files stay
+            intact until the new ones are complete either way).
+
+    Raises:
+        PreprocessError: missing or unreadable inputs, bad settings, or a corpus with no usable
+            line (nothing is written then).
+        OutputExistsError: files at ``output_prefix`` exist and ``overwrite`` is False.
     """
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
+    from zhnlp.fileio import refuse_existing
+
     paths = [Path(p) for p in inputs]
+    if not paths:
+        raise PreprocessError("no input files given; pass --input FILE [FILE ...].")
+    folders = [str(p) for p in paths if p.is_dir()]
+    if folders:
+        raise PreprocessError(f"--input {', '.join(folders)}: a directory, not a file; pass the jsonl or text files "
+                              "inside it (e.g. DIR/*.jsonl).")
     missing = [str(p) for p in paths if not p.is_file()]
     if missing:
         raise PreprocessError(f"input files not found: {missing}")
+    if not isinstance(workers, int) or isinstance(workers, bool) or workers < 1:
+        raise PreprocessError(f"workers must be an integer >= 1, got {workers!r}")
+    prefix = Path(output_prefix)
+    if prefix.is_dir():
+        raise PreprocessError(f"--output {prefix} is a directory; pass a prefix for the files, e.g. {prefix}/corpus "
+                              f"for {prefix}/corpus.bin and .idx.")
+    refuse_existing([Path(f"{prefix}{s}") for s in ("", "_units") for s in (f"{s}.bin", f"{s}.idx")]
+                    + [Path(f"{prefix}.json")], overwrite=overwrite, flag="--output", what="a preprocessed corpus")
     if on_error not in ("skip", "fail"):
         raise PreprocessError(f"on_error must be 'skip' or 'fail', not {on_error!r}")
     if fmt not in ("auto", "jsonl", "text"):
         raise PreprocessError(f"fmt must be 'auto', 'jsonl' or 'text', not {fmt!r}")
-    prefix = Path(output_prefix)
+    from zhnlp.tokenizers import AutoTokenizer
+
+    # load it here first: a tokenizer that fails inside the pool's initializer would be retried forever
+    AutoTokenizer.from_pretrained(tokenizer)
     prefix.parent.mkdir(parents=True, exist_ok=True)
     total_bytes = sum(p.stat().st_size for p in paths)
     report = PreprocessReport(workers=workers)
@@ -304,6 +330,14 @@ def preprocess(inputs: list[str | Path], output_prefix: str | Path, tokenizer: s
         raise
     finally:
         bar.close()
+    if report.sentences == 0:  # an empty dataset would only fail later, inside pretraining
+        for k, v in tmp.items():
+            builders[k].data_file.close()
+            Path(str(v) + ".bin").unlink(missing_ok=True)
+        reasons = "; ".join(x.strip() for x in report.summary().split("\n")[1:])
+        bad = f" ({report.bad_count} bad line(s): {reasons})" if report.bad_count else ""
+        raise PreprocessError(f"{', '.join(map(str, paths))}: no usable text{bad}; nothing was written. Check the "
+                              f"format (--format, --field) or pass a corpus with text in it.")
     for k, v in tmp.items():
         builders[k].finalize(str(v) + ".idx")
     report.seconds = time.perf_counter() - start
@@ -345,30 +379,39 @@ def _progress(total: int, enabled: bool):
 
 def add_cli(subparsers) -> None:
     """``zhnlp preprocess``: see this module's docstring."""
+    from zhnlp.argtypes import input_file, positive
+
     p = subparsers.add_parser("preprocess", help="tokenise a corpus into a megatron indexed dataset",
                               description=__doc__.split("\n\n")[0])
-    p.add_argument("--input", nargs="+", required=True, help="jsonl or plain-text files")
+    p.add_argument("--input", nargs="+", required=True, type=input_file, help="jsonl or plain-text files")
     p.add_argument("--output", required=True, help="output prefix (PREFIX.bin/.idx, PREFIX_units.*, PREFIX.json)")
     p.add_argument("--tokenizer", required=True, help="tokenizer name or directory holding vocab.txt")
     p.add_argument("--format", choices=["auto", "jsonl", "text"], default="auto")
     p.add_argument("--field", default="text", help="jsonl field holding the text")
-    p.add_argument("--workers", type=int, default=max(1, (os.cpu_count() or 1)))
+    p.add_argument("--workers", type=positive, default=max(1, (os.cpu_count() or 1)))
     p.add_argument("--on-error", choices=["skip", "fail"], default="skip",
                    help="bad lines: leave them out (reported) or stop")
     p.add_argument("--no-masking", action="store_true", help="skip whole-word units (no jieba)")
     p.add_argument("--entities-field", help="jsonl field of entity spans to mask as units (ERNIE entity masking)")
-    p.add_argument("--phrases", help="file of phrases, one per line, to mask as units (ERNIE phrase masking)")
+    p.add_argument("--phrases", type=input_file, help="file of phrases, one per line, to mask as units (ERNIE phrase masking)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--overwrite", action="store_true", help="replace a corpus already at --output")
     p.set_defaults(func=_run_cli)
 
 
 def _run_cli(args) -> int:
     phrases = None
     if args.phrases:
-        phrases = [p.strip() for p in Path(args.phrases).read_text(encoding="utf-8").splitlines() if p.strip()]
+        try:
+            text = Path(args.phrases).read_text(encoding="utf-8")
+        except UnicodeDecodeError as e:
+            raise PreprocessError(f"--phrases {args.phrases} is not UTF-8 (byte {e.start}); convert it, e.g. with "
+                                  "iconv -t UTF-8.") from None
+        phrases = [p.strip() for p in text.splitlines() if p.strip()]
     report = preprocess(args.input, args.output, args.tokenizer, fmt=args.format, field_name=args.field,
                         workers=args.workers, on_error=args.on_error, masking=not args.no_masking,
-                        entities_field=args.entities_field, phrases=phrases, progress=not args.quiet)
+                        entities_field=args.entities_field, phrases=phrases, progress=not args.quiet,
+                        overwrite=args.overwrite)
     print(report.summary())
     print(f"wrote {args.output}.bin/.idx, {args.output}_units.bin/.idx, {args.output}.json")
     return 0

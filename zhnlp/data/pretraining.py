@@ -19,10 +19,29 @@ exactly what the uninterrupted run would have seen.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
-from zhnlp.errors import ZhnlpError
+from zhnlp.errors import DataError, ZhnlpError
+
+CORPUS_FILES = (".bin", ".idx", "_units.bin", "_units.idx")  # what ``zhnlp preprocess --output PREFIX`` writes
+
+
+def check_corpus_prefix(prefix) -> None:
+    """DataError naming ``prefix`` unless a preprocessed corpus lies there (a directory given
+    instead of a prefix gets the prefixes inside it as suggestions)."""
+    prefix = Path(prefix)
+    missing = [f"{prefix}{suffix}" for suffix in CORPUS_FILES if not Path(f"{prefix}{suffix}").is_file()]
+    if not missing:
+        return
+    if prefix.is_dir():
+        found = sorted(str(p.with_suffix("")) for p in prefix.glob("*.idx") if not p.stem.endswith("_units"))
+        hint = f" (it holds {', '.join(found[:3])})" if found else ""
+        raise DataError(f"--data {prefix} is a directory; pass the prefix of a preprocessed corpus, e.g. DIR/NAME for "
+                        f"DIR/NAME.bin and DIR/NAME.idx{hint}.")
+    raise DataError(f"--data {prefix}: no preprocessed corpus there (missing {', '.join(missing)}); write one with "
+                    f"`zhnlp preprocess --input FILE --output {prefix} --tokenizer DIR`.")
 
 
 @dataclass(frozen=True)
@@ -65,8 +84,12 @@ class MaskedLMDataset:
 
         if seq_length < 8:
             raise ZhnlpError(f"seq_length={seq_length} is too short for a masked-LM sample; use >= 8.")
+        check_corpus_prefix(prefix)
         self.tokens = IndexedDataset(str(prefix))
         self.units = IndexedDataset(f"{prefix}_units")
+        if len(self.tokens) == 0:
+            raise DataError(f"--data {prefix} holds no sentences (its corpus was empty); preprocess a corpus with "
+                            "text in it.")
         if len(self.tokens) != len(self.units):
             raise ZhnlpError(f"{prefix}: token and unit side data disagree ({len(self.tokens)} vs "
                              f"{len(self.units)} sequences); preprocess the corpus again.")

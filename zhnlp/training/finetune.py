@@ -104,8 +104,11 @@ class Task:
         """Fill the settings the user left to the task."""
         return dataclasses.replace(cfg, max_length=cfg.max_length or self.max_length)
 
-    def read(self, path: str, labels: list[str] | None):
-        """-> (examples, labels) ; labels is None for tasks without a label set."""
+    left_out = 0  # training examples the reader left out (reading comprehension: no locatable answer)
+
+    def read(self, path: str, labels: list[str] | None, training: bool = False):
+        """-> (examples, labels) ; labels is None for tasks without a label set. ``training``: the
+        file trains the model (reading comprehension then needs a locatable answer per question)."""
         raise NotImplementedError
 
     def unlabelled(self, example) -> bool:
@@ -123,7 +126,7 @@ class Task:
 class ClassificationTask(Task):
     name, head, metric = "classification", "sequence_classification", "accuracy"
 
-    def read(self, path, labels):
+    def read(self, path, labels, training=False):
         from zhnlp.data.tasks.classification import read_classification
 
         return read_classification(path, label_list=labels)
@@ -170,10 +173,16 @@ class MRCTask(Task):
                              f"windows would never be read; pass --doc-stride {window} or less.")
         return dataclasses.replace(cfg, max_query_length=query, doc_stride=stride)
 
-    def read(self, path, labels):
+    def read(self, path, labels, training=False):
+        """Evaluation files keep references that do not occur in the context (they are scored as
+        texts); a training file uses each question's first locatable answer and leaves out, with a
+        warning, the questions that have none (counted in ``left_out``)."""
         from zhnlp.data.tasks.mrc import read_squad
 
-        return read_squad(path), None
+        examples = read_squad(path, training=training)
+        if training:
+            self.left_out = len(examples.unlocatable_questions)
+        return examples, None
 
     def unlabelled(self, example) -> bool:
         return not example.answers
@@ -210,7 +219,7 @@ class NERTask(Task):
                              f"--max-length {cfg.max_length} holds; lower --ner-stride or raise --max-length.")
         return dataclasses.replace(cfg, ner_stride=stride)
 
-    def read(self, path, labels):
+    def read(self, path, labels, training=False):
         from zhnlp.data.tasks.ner import label_list_from, read_ner
 
         examples = read_ner(path)
@@ -322,10 +331,11 @@ def predict(model, features: list[dict], batch_size: int, multiple: int = 8) -> 
 
 
 # ------------------------------------------------------------------------------------------ the run
-def _load_split(task: Task, cfg: FinetuneConfig, tokenizer, path: str, labels, limit: int | None = None):
+def _load_split(task: Task, cfg: FinetuneConfig, tokenizer, path: str, labels, limit: int | None = None,
+                training: bool = False):
     """Read, check and encode one split -> (examples, features, labels); ``limit`` keeps the first
     examples only (after the whole file is checked)."""
-    examples, labels = task.read(path, labels)
+    examples, labels = task.read(path, labels, training=training)
     if not examples:
         raise DataError(f"{path} holds no examples.")
     missing = sum(task.unlabelled(e) for e in examples)
@@ -394,7 +404,7 @@ def _finetune(task: Task, cfg: FinetuneConfig, run_dir) -> dict:
     check_tokenizer_fits(tokenizer, raw, str(directory))  # before any batch, not as an IndexError in one
 
     train_examples, train_features, labels = _load_split(task, cfg, tokenizer, cfg.train, cfg.labels,
-                                                         limit=cfg.max_train_examples)
+                                                         limit=cfg.max_train_examples, training=True)
     dev = _load_split(task, cfg, tokenizer, cfg.dev, labels)[:2]
     test = _load_split(task, cfg, tokenizer, cfg.test, labels)[:2] if cfg.test else None
 
@@ -422,7 +432,8 @@ def _finetune(task: Task, cfg: FinetuneConfig, run_dir) -> dict:
     best_dir = out / "model"
     history, best = [], None
     result = {"task": task.name, "model": cfg.model, "metric": task.metric, "labels": labels,
-              "train_examples": len(train_examples), "train_features": len(train_features), "steps": steps,
+              "train_examples": len(train_examples), "train_features": len(train_features),
+              "train_left_out": task.left_out, "steps": steps,
               "status": "running", "epochs": history, "best_epoch": None, "dev": None, "test": None,
               "config": dataclasses.asdict(cfg)}
 
