@@ -169,3 +169,19 @@ def refuse_existing(paths: list[Path], *, overwrite: bool, flag: str, what: str)
     if found and not overwrite:
         raise OutputExistsError(f"{flag}: {what} exists already ({_shown(found)}); pass --overwrite to replace it, "
                                 f"or choose another {flag}.")
+
+
+def swap_directory(work: str | os.PathLike, final: str | os.PathLike) -> None:
+    """Put the completed directory ``work`` in the place of ``final`` (which may exist): ``final`` is
+    renamed aside, ``work`` renamed into place, then the old one deleted, so that at every moment
+    ``final`` is either the old or the new directory, never a mix of both."""
+    import shutil
+
+    work, final = Path(work), Path(final)
+    old = final.with_name(final.name + ".old")
+    if old.exists():
+        shutil.rmtree(old)
+    if final.exists():
+        final.rename(old)
+    work.rename(final)
+    shutil.rmtree(old, ignore_errors=True)

@@ -109,6 +109,14 @@ def test_entity_spans_become_single_units(tmp_path, vocab_dir):
 
 def test_bad_entity_spans_are_reported(tmp_path, vocab_dir):
     path = tmp_path / "e.jsonl"
-    path.write_text(json.dumps({"text": "北京", "entities": [{"start": 0, "end": 9}]}) + "\n")
+    bad = json.dumps({"text": "北京", "entities": [{"start": 0, "end": 9}]}) + "\n"
+    good = json.dumps({"text": "上海", "entities": [{"start": 0, "end": 2}]}) + "\n"
+    path.write_text(bad + good)
     report = preprocess([path], tmp_path / "out", str(vocab_dir), entities_field="entities", progress=False)
-    assert report.bad_lines == {"have 'entities' spans outside the text": [1]}
+    assert report.bad_lines == {"have 'entities' spans outside the text": [1]} and report.documents == 1
+    # a corpus with no usable line at all is an error that names the reason, and writes nothing
+    path.write_text(bad)
+    with pytest.raises(PreprocessError, match=r"e\.jsonl: no usable text \(1 bad line\(s\): 1 line\(s\) have "
+                                              r"'entities' spans outside the text: line 1\); nothing was written"):
+        preprocess([path], tmp_path / "none", str(vocab_dir), entities_field="entities", progress=False)
+    assert not list(tmp_path.glob("none*"))

@@ -85,9 +85,11 @@ class MaskedLMDataset:
         if seq_length < 8:
             raise ZhnlpError(f"seq_length={seq_length} is too short for a masked-LM sample; use >= 8.")
         check_corpus_prefix(prefix)
-        self.tokens = IndexedDataset(str(prefix))
-        self.units = IndexedDataset(f"{prefix}_units")
-        if len(self.tokens) == 0:
+        empty = Path(f"{prefix}.bin").stat().st_size == 0  # megatron cannot even map an empty file
+        if not empty:
+            self.tokens = IndexedDataset(str(prefix))
+            self.units = IndexedDataset(f"{prefix}_units")
+        if empty or len(self.tokens) == 0:
             raise DataError(f"--data {prefix} holds no sentences (its corpus was empty); preprocess a corpus with "
                             "text in it.")
         if len(self.tokens) != len(self.units):

@@ -181,11 +181,9 @@ def train_sentencepiece(corpus_files: list[str | os.PathLike], output_dir: str |
     """
     if model_type not in ("unigram", "bpe"):
         raise ValueError(f"model_type={model_type!r}: choose 'unigram' (the SentencePiece default) or 'bpe'.")
-    files = [os.fspath(f) for f in corpus_files]
-    missing = [f for f in files if not os.path.isfile(f)]
-    if not files or missing:
-        raise FileNotFoundError(f"corpus files not found: {missing or '(none given)'}; pass plain-text files, "
-                                "one sentence or paragraph a line.")
+    from zhnlp.tokenizers.train import check_corpus
+
+    files = check_corpus(corpus_files)
     out = Path(output_dir)
     out.mkdir(parents=True, exist_ok=True)
     prefix = out / Path(MODEL_FILE).stem

@@ -17,7 +17,37 @@ from pathlib import Path
 from tokenizers import Tokenizer, normalizers, pre_tokenizers, trainers
 from tokenizers.models import WordPiece
 
+from zhnlp.argtypes import integer, number, positive
 from zhnlp.tokenizers.wordpiece import SPECIAL_TOKENS, WordPieceTokenizer
+
+
+def check_corpus(corpus_files) -> list[str]:
+    """The corpus files as strings, after checking that each is a readable file and that the corpus
+    holds text (a tokenizer trained on nothing is only special tokens). Raises DataError."""
+    from zhnlp.argtypes import file_problem
+    from zhnlp.errors import DataError
+
+    files = [os.fspath(f) for f in corpus_files]
+    if not files:
+        raise DataError("no corpus files given; pass one or more plain-text files.")
+    problems = [f"{f} {file_problem(f)}" for f in files if file_problem(f)]
+    if problems:
+        raise DataError(f"corpus: {'; '.join(problems)}.")
+    for f in files:
+        with open(f, "rb") as stream:
+            if any(line.strip() for line in stream):
+                return files
+    raise DataError(f"the corpus ({', '.join(files)}) holds no text: every line is empty; a tokenizer needs text to "
+                    "learn from.")
+
+
+def refuse_tokenizer_output(output_dir, overwrite: bool) -> None:
+    """OutputExistsError when ``output_dir`` holds a tokenizer already and ``overwrite`` is False."""
+    from zhnlp.fileio import refuse_existing
+
+    out = Path(output_dir)
+    refuse_existing([out / n for n in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "sentencepiece.model")],
+                    overwrite=overwrite, flag="--output-dir", what="a tokenizer")
 
 
 def train_wordpiece(corpus_files: list[str | os.PathLike], output_dir: str | os.PathLike, *,
@@ -31,10 +61,7 @@ def train_wordpiece(corpus_files: list[str | os.PathLike], output_dir: str | os.
     becomes ``[UNK]``; the vocabulary then exceeds ``vocab_size`` if the corpus has more
     distinct characters than that.
     """
-    files = [os.fspath(f) for f in corpus_files]
-    missing = [f for f in files if not os.path.isfile(f)]
-    if not files or missing:
-        raise FileNotFoundError(f"corpus files not found: {missing or '(none given)'}; pass plain-text files.")
+    files = check_corpus(corpus_files)
     specials = list(SPECIAL_TOKENS.values())  # [PAD] first: id 0 is what models pad with
     backend = Tokenizer(WordPiece(unk_token=SPECIAL_TOKENS["unk_token"]))
     # The same normalisation and pre-tokenisation as at encoding time, so the vocabulary is
@@ -55,6 +82,8 @@ def train_wordpiece(corpus_files: list[str | os.PathLike], output_dir: str | os.
 
 # ---------------------------------------------------------------- command line
 def _train_wordpiece_cmd(args: argparse.Namespace) -> int:
+    check_corpus(args.corpus)
+    refuse_tokenizer_output(args.output_dir, args.overwrite)
     tok = train_wordpiece(args.corpus, args.output_dir, vocab_size=args.vocab_size, min_frequency=args.min_frequency,
                           do_lower_case=not args.cased)
     print(f"wrote {Path(args.output_dir) / 'vocab.txt'} ({len(tok)} tokens)")
@@ -64,6 +93,8 @@ def _train_wordpiece_cmd(args: argparse.Namespace) -> int:
 def _train_sentencepiece_cmd(args: argparse.Namespace) -> int:
     from zhnlp.tokenizers.sentencepiece import MODEL_FILE, train_sentencepiece
 
+    check_corpus(args.corpus)
+    refuse_tokenizer_output(args.output_dir, args.overwrite)
     try:
         tok = train_sentencepiece(args.corpus, args.output_dir, vocab_size=args.vocab_size,
                                   model_type=args.model_type, character_coverage=args.character_coverage,
@@ -83,17 +114,19 @@ def add_cli(subparsers) -> None:
     p = sub.add_parser("train-wordpiece", help="BERT-Chinese-style WordPiece vocab.txt")
     p.add_argument("corpus", nargs="+", help="plain-text corpus files")
     p.add_argument("-o", "--output-dir", required=True)
-    p.add_argument("--vocab-size", type=int, default=21128)
-    p.add_argument("--min-frequency", type=int, default=2)
+    p.add_argument("--vocab-size", type=integer(6), default=21128, help="at least the 5 special tokens + 1")
+    p.add_argument("--min-frequency", type=positive, default=2)
+    p.add_argument("--overwrite", action="store_true", help="replace a tokenizer already in --output-dir")
     p.add_argument("--cased", action="store_true", help="keep upper case and accents (default: lower-case)")
     p.set_defaults(func=_train_wordpiece_cmd)
 
     p = sub.add_parser("train-sentencepiece", help="SentencePiece unigram/BPE model with BERT special pieces")
     p.add_argument("corpus", nargs="+", help="plain-text corpus files, one sentence or paragraph a line")
     p.add_argument("-o", "--output-dir", required=True)
-    p.add_argument("--vocab-size", type=int, default=32000)
+    p.add_argument("--vocab-size", type=integer(6), default=32000)
     p.add_argument("--model-type", choices=["unigram", "bpe"], default="unigram")
-    p.add_argument("--character-coverage", type=float, default=0.9995)
+    p.add_argument("--character-coverage", type=number(0, 1, low_open=True), default=0.9995)
     p.add_argument("--byte-fallback", action="store_true", help="rare characters as UTF-8 bytes instead of [UNK]")
-    p.add_argument("--input-sentence-size", type=int, default=2_000_000, help="lines sampled for training")
+    p.add_argument("--input-sentence-size", type=positive, default=2_000_000, help="lines sampled for training")
+    p.add_argument("--overwrite", action="store_true", help="replace a tokenizer already in --output-dir")
     p.set_defaults(func=_train_sentencepiece_cmd)

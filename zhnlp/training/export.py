@@ -9,14 +9,21 @@ the tokenizer the corpus was preprocessed with.
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 from zhnlp.errors import CheckpointError
+from zhnlp.fileio import swap_directory
 
 
-def export(checkpoint: str | Path, output: str | Path) -> Path:
+def export(checkpoint: str | Path, output: str | Path, overwrite: bool = False) -> Path:
     """Write the masked-LM model of ``checkpoint`` (a step directory or a run's checkpoints
-    folder, newest complete one) and its tokenizer to ``output``."""
+    folder, newest complete one) and its tokenizer to ``output``.
+
+    An ``output`` that holds anything is refused unless ``overwrite``; then it must be a model
+    directory (it has a config.json: zhnlp never replaces a folder of other files), and it is
+    replaced as a whole once the new model is complete (an earlier model's extra shards or
+    tokenizer files cannot linger beside the new one)."""
     from megatron.core import dist_checkpointing
 
     from zhnlp import distributed
@@ -25,6 +32,8 @@ def export(checkpoint: str | Path, output: str | Path) -> Path:
     from zhnlp.models.ernie import FAMILY, ErnieConfig
     from zhnlp.training.checkpoint import latest
 
+    out = Path(output)
+    _check_target(out, overwrite)
     path = Path(checkpoint)
     if not (path / "trainer.json").is_file():
         found = latest(path) or latest(path / "checkpoints")
@@ -40,18 +49,42 @@ def export(checkpoint: str | Path, output: str | Path) -> Path:
         state = dist_checkpointing.load(template, str(path / "model"))
     for i, chunk in enumerate(model.chunks):
         chunk.load_state_dict(state[f"model{i}"])
-    out = Path(output)
-    model.save_pretrained(out)
+    work = out.with_name(out.name + ".incomplete")
+    rank0 = distributed.layout().rank == 0
+    if rank0 and work.exists():
+        shutil.rmtree(work)
+    distributed.barrier()
+    model.save_pretrained(work)
     tokenizer = info.get("tokenizer")
-    if tokenizer and distributed.layout().rank == 0:
-        from zhnlp.tokenizers import AutoTokenizer
+    if rank0:
+        if tokenizer:
+            from zhnlp.tokenizers import AutoTokenizer
 
-        AutoTokenizer.from_pretrained(tokenizer).save_pretrained(out)
+            AutoTokenizer.from_pretrained(tokenizer).save_pretrained(work)
+        swap_directory(work, out)
+    distributed.barrier()
     return out
+
+
+def _check_target(out: Path, overwrite: bool) -> None:
+    from zhnlp.errors import OutputExistsError
+    from zhnlp.fileio import entries
+
+    found = entries(out)
+    if out.exists() and not out.is_dir():
+        raise OutputExistsError(f"export target {out} is a file; pass a directory to write the model into.")
+    if found and not overwrite:
+        raise OutputExistsError(f"export target {out} already holds {', '.join(found[:5])}; pass --overwrite to "
+                                "replace that model, or choose another directory.")
+    if found and not (out / "config.json").is_file():
+        raise OutputExistsError(f"export target {out} holds files but no config.json, so it is not a model "
+                                "directory; zhnlp will not replace it even with --overwrite: choose another directory.")
 
 
 def add_cli(subparsers) -> None:
     p = subparsers.add_parser("export", help="write a training checkpoint as a transformers model directory")
     p.add_argument("checkpoint", help="step_NNNNNNN directory, or a run directory (newest complete checkpoint)")
-    p.add_argument("output", help="directory to write (config.json, model.safetensors, tokenizer files)")
-    p.set_defaults(func=lambda args: print(export(args.checkpoint, args.output)) or 0)
+    p.add_argument("output", help="directory to write (config.json, model.safetensors, tokenizer files); "
+                                  "must be new or empty unless --overwrite")
+    p.add_argument("--overwrite", action="store_true", help="replace the model directory already at OUTPUT")
+    p.set_defaults(func=lambda args: print(export(args.checkpoint, args.output, overwrite=args.overwrite)) or 0)

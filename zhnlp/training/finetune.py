@@ -32,6 +32,7 @@ import torch.distributed as dist
 from zhnlp import distributed
 from zhnlp.argtypes import check_file, check_range
 from zhnlp.errors import DataError, Interrupted, ZhnlpError
+from zhnlp.fileio import swap_directory
 
 
 @dataclass
@@ -509,11 +510,7 @@ def _save_model(model, tokenizer, directory: Path) -> None:
     model.save_pretrained(work)
     if dist.get_rank() == 0:
         tokenizer.save_pretrained(work)
-        old = directory.with_name(directory.name + ".old")
-        if directory.exists():
-            directory.rename(old)
-        work.rename(directory)
-        shutil.rmtree(old, ignore_errors=True)
+        swap_directory(work, directory)
     distributed.barrier()
     model.train()
 
