@@ -378,7 +378,9 @@ def test_ner_matches_a_direct_forward(models, tokenizer):
                      "score": pytest.approx(float(probs[s:e].max(-1).values.mean()), abs=1e-5)}
                     for kind, s, e in entities(tags)]
         assert result == expected
-    assert [ner(t) for t in texts] == zhnlp.pipeline("ner", directory, batch_size=2)(texts)
+    # batching changes nothing but the last bits of the scores (BLAS sums a batch of 2 in another order)
+    single, batched = [ner(t) for t in texts], zhnlp.pipeline("ner", directory, batch_size=2)(texts)
+    assert [[{**e, "score": pytest.approx(e["score"], abs=1e-6)} for e in r] for r in single] == batched
 
 
 def test_ner_cli_and_bad_label_names(models, capsys, tmp_path):
