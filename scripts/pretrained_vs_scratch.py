@@ -61,6 +61,12 @@ def run(cmd: list[str], log: Path) -> None:
         sys.exit(f"failed ({code}): {' '.join(cmd)}\n" + log.read_text(encoding="utf-8")[-4000:])
 
 
+def _status(run_dir: Path) -> str | None:
+    """The ``status`` of a fine-tuning run's metrics.json (None when there is none)."""
+    path = run_dir / "metrics.json"
+    return json.loads(path.read_text(encoding="utf-8")).get("status") if path.is_file() else None
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--output", type=Path, default=ROOT / "runs" / "pretrained-vs-scratch")
@@ -85,11 +91,11 @@ def main() -> int:
         start = time.time()
         run([py, "-m", "torch.distributed.run", f"--nproc-per-node={args.nproc}", "--master-addr=127.0.0.1",
              f"--master-port={free_port()}", "-m", "zhnlp", "pretrain", "--recipe", args.recipe, "--data", str(corpus),
-             "--output", str(out / "pretrain"), "--steps", str(steps), "--save-interval", str(steps),
+             "--output", str(out / "pretrain"), "--overwrite", "--steps", str(steps), "--save-interval", str(steps),
              "--seed", str(args.seed), "--log-interval", "20"], out / "pretrain.log")
         timings = {"pretrain_steps": steps, "pretrain_s": round(time.time() - start, 1)}
         (out / "pretrain.json").write_text(json.dumps(timings) + "\n", encoding="utf-8")
-        run([py, "-m", "zhnlp", "export", str(out / "pretrain"), str(pretrained)], out / "export.log")
+        run([py, "-m", "zhnlp", "export", str(out / "pretrain"), str(pretrained), "--overwrite"], out / "export.log")
     # 2. the same architecture, random weights
     scratch = out / "scratch"
     if not (scratch / "config.json").is_file():
@@ -108,8 +114,8 @@ def main() -> int:
         for start_from, model in (("scratch", scratch), ("pretrained", pretrained)):
             run_dir = out / f"{task}-{start_from}"
             sets = settings + (QUICK if args.quick else []) + [f"seed={args.seed}"]
-            if not (run_dir / "metrics.json").is_file():  # a finished run is kept (re-runs only collect)
-                run([py, str(ROOT / "tasks" / script), "--model", str(model), "--output", str(run_dir),
+            if _status(run_dir) != "complete":  # a finished run is kept (re-runs only collect)
+                run([py, str(ROOT / "tasks" / script), "--model", str(model), "--output", str(run_dir), "--overwrite",
                      *[x for s in sets for x in ("--set", s)]], out / f"{task}-{start_from}.log")
             metrics = json.loads((run_dir / "metrics.json").read_text(encoding="utf-8"))
             results.setdefault(task, {})[start_from] = {

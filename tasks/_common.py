@@ -35,18 +35,28 @@ def main(recipe, description: str) -> int:
 
     ap = argparse.ArgumentParser(description=description)
     ap.add_argument("--model", required=True, help="pretrained model directory, name or hub id")
-    ap.add_argument("--output", help="run directory")
+    ap.add_argument("--output", help="run directory (new or empty unless --overwrite)")
+    ap.add_argument("--overwrite", action="store_true", help="replace an earlier run's results in --output")
     ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                     help="override a FinetuneConfig field, e.g. --set epochs=1")
     args = ap.parse_args()
-    cfg = recipe(args.model, args.output)
+    cfg = dataclasses.replace(recipe(args.model, args.output), overwrite=args.overwrite)
     fields = {f.name: f for f in dataclasses.fields(FinetuneConfig)}
     for item in args.set:
         key, _, text = item.partition("=")
         if key not in fields:
             ap.error(f"--set {item}: no setting {key!r}; settings: {', '.join(fields)}")
         cfg = dataclasses.replace(cfg, **{key: _value(fields[key], text)})
-    result = finetune(cfg)
+    from zhnlp.cli import user_error
+
+    try:
+        result = finetune(cfg)
+    except Exception as e:  # the same one-line report as `zhnlp finetune`
+        message = user_error(e)
+        if message is None:
+            raise
+        print(f"zhnlp: error: {message}", file=sys.stderr)
+        return 2
     import torch.distributed as dist
 
     if not dist.is_initialized() or dist.get_rank() == 0:
