@@ -7,11 +7,20 @@ Layout under ``OUTPUT/checkpoints``::
                                sharded tensors with global shapes, so any TP/PP/DP layout can load it
         trainer.json           step, data position, scheduler state, loss scaler, run config
         rng/rank_00000.safetensors   per-rank RNG state (restored when the layout is unchanged)
+        manifest.json          relative path -> size in bytes of every file above, written last
     step_0000020.incomplete/   a save in progress or one that crashed: ignored, removed by the next save
 
-A save writes into ``step_N.incomplete``, waits for every rank, and rank 0 renames it to
-``step_N``; then checkpoints beyond the newest ``keep`` are deleted. ``latest(dir)`` returns the
-newest complete one.
+A save writes into ``step_N.incomplete``, waits for every rank, and rank 0 writes the manifest
+and renames the directory to ``step_N``; then checkpoints beyond the newest ``keep`` are deleted.
+``latest(dir)`` returns the newest complete one.
+
+A complete checkpoint can still be damaged afterwards (a file deleted, a disk that filled up
+during a copy). :func:`problem` names what is wrong with one from its files alone (the manifest;
+for checkpoints written before manifests, the files megatron's ``.metadata`` names, read with a
+restricted unpickler that admits only checkpoint-metadata classes), and :func:`resume` (rank 0
+decides, every rank follows) takes the newest checkpoint without a problem, saying which newer
+ones it passed over and why; when every one is damaged it stops with a CheckpointError instead
+of quietly starting from step 0.
 
 The distributed optimizer's state does not go through dist_checkpointing (in megatron-core
 0.16 that path asserts or drifts without apex/TransformerEngine). Its main parameters and Adam
@@ -26,7 +35,9 @@ dist_checkpointing path); exact resume and resharding hold for the plain optimiz
 
 from __future__ import annotations
 
+import contextlib
 import json
+import pickle
 import re
 import shutil
 from pathlib import Path
@@ -39,6 +50,7 @@ from zhnlp.distributed import cpu
 from zhnlp.errors import CheckpointError
 
 _COMPLETE = re.compile(r"^step_(\d{7})$")
+MANIFEST = "manifest.json"
 
 
 def checkpoint_dirs(root: Path) -> list[Path]:
@@ -49,8 +61,193 @@ def checkpoint_dirs(root: Path) -> list[Path]:
 
 
 def latest(root: Path) -> Path | None:
+    """The newest complete checkpoint under ``root`` (not verified: see :func:`newest_loadable`)."""
     dirs = checkpoint_dirs(root)
     return dirs[-1] if dirs else None
+
+
+# ------------------------------------------------------------------------------ verification
+_INFO_KEYS = ("step", "scheduler", "layout", "distributed_optimizer", "model")
+
+
+def _write_manifest(work: Path) -> None:
+    files = {f.relative_to(work).as_posix(): f.stat().st_size for f in sorted(work.rglob("*")) if f.is_file()}
+    (work / MANIFEST).write_text(json.dumps({"format": 1, "files": files}, indent=1) + "\n", encoding="utf-8")
+
+
+def _json_file(path: Path, name: str) -> tuple[dict | None, str | None]:
+    """(the object in ``path``, None) or (None, what is wrong with it)."""
+    if not path.is_file():
+        return None, f"{name} is missing"
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        return None, f"{name} is not UTF-8 text"
+    except json.JSONDecodeError as e:
+        return None, f"{name} is not valid JSON ({e.msg} at line {e.lineno})"
+    if not isinstance(value, dict):
+        return None, f"{name} does not hold a JSON object"
+    return value, None
+
+
+def _size_problem(path: Path, rel: str, size: int, exact: bool) -> str | None:
+    file = path / rel
+    if not file.is_file():
+        return f"{rel} is missing"
+    actual = file.stat().st_size
+    if actual != size if exact else actual < size:
+        return f"{rel} has {actual:,} bytes, {'' if exact else 'at least '}{size:,} expected"
+    return None
+
+
+class _NotMetadata(Exception):
+    """A ``.metadata`` that names a class outside checkpoint metadata: not ours to judge."""
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """Reads torch.distributed.checkpoint's ``.metadata`` admitting only the plain-data classes it
+    is made of (tensor and chunk descriptions, storage locations, dtypes), so that reading it for
+    a check can never run code; anything else raises _NotMetadata."""
+
+    _ALLOWED = {
+        "torch.distributed.checkpoint.metadata": {"Metadata", "MetadataIndex", "StorageMeta", "TensorProperties",
+                                                  "TensorStorageMetadata", "BytesStorageMetadata",
+                                                  "ChunkStorageMetadata", "_MEM_FORMAT_ENCODING"},
+        "torch.distributed.checkpoint.planner": {"SavePlan", "WriteItem", "WriteItemType", "TensorWriteData"},
+        "torch.distributed.checkpoint.filesystem": {"_StorageInfo"},
+        "torch.serialization": {"_get_layout"},
+        "torch": {"Size"},
+    }
+
+    def find_class(self, module: str, name: str):
+        if name in self._ALLOWED.get(module, ()):
+            return super().find_class(module, name)
+        if module == "torch" and isinstance(getattr(torch, name, None), torch.dtype):
+            return getattr(torch, name)
+        raise _NotMetadata(f"{module}.{name}")
+
+
+def _storage_problem(path: Path) -> str | None:
+    """For a checkpoint without a manifest: every byte range megatron's ``model/.metadata`` records
+    must exist in the file it names."""
+    meta_file = path / "model" / ".metadata"
+    try:
+        with open(meta_file, "rb") as f:
+            meta = _MetadataUnpickler(f).load()
+        storage = meta.storage_data.values()
+        needed: dict[str, int] = {}
+        for item in storage:
+            needed[item.relative_path] = max(needed.get(item.relative_path, 0), item.offset + item.length)
+    except _NotMetadata:
+        return None  # a metadata format this check does not know: the load itself will tell
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError, IndexError):
+        return "model/.metadata is damaged"
+    for rel, size in sorted(needed.items()):
+        why = _size_problem(path / "model", rel, size, exact=False)
+        if why is not None:
+            return f"model/{why}"
+    return None
+
+
+def problem(path: Path) -> str | None:
+    """What makes the complete checkpoint ``path`` unloadable, in a few words (e.g.
+    ``model/__0_0.distcp is missing``), or None when every file it needs is there, whole.
+
+    Checked: trainer.json (valid, with the fields resuming reads, the step of the directory's
+    name); the RNG file of every rank and the distributed-optimizer file of every model-parallel
+    rank of the layout that saved it; then every file's size against the manifest or, for
+    checkpoints saved before manifests, the byte ranges megatron's ``.metadata`` records. Reads
+    only small files and file sizes, so every rank reaches the same verdict on a shared filesystem."""
+    info, why = _json_file(path / "trainer.json", "trainer.json")
+    if why is not None:
+        return why
+    missing = [k for k in _INFO_KEYS if k not in info]
+    if missing:
+        return f"trainer.json lacks {', '.join(missing)}"
+    named = _COMPLETE.match(path.name)
+    if named and int(named.group(1)) != info["step"]:
+        return f"trainer.json says step {info['step']!r}, the directory step {int(named.group(1))}"
+    try:
+        tp, pp, dp = (int(info["layout"][k]) for k in ("tp", "pp", "dp"))
+    except (KeyError, TypeError, ValueError):
+        return f"trainer.json has no valid layout ({info['layout']!r})"
+    needed = [f"rng/rank_{r:05d}.safetensors" for r in range(tp * pp * dp)] + ["model/metadata.json",
+                                                                              "model/.metadata"]
+    if info["distributed_optimizer"]:
+        needed += [f"distopt/mp_rank_{t:02d}_{p:03d}.pt" for t in range(tp) for p in range(pp)]
+    for rel in needed:
+        if not (path / rel).is_file():
+            return f"{rel} is missing"
+    if not (path / MANIFEST).exists():
+        return _storage_problem(path)
+    manifest, why = _json_file(path / MANIFEST, MANIFEST)
+    if why is not None:
+        return why
+    files = manifest.get("files")
+    if not isinstance(files, dict) or not all(isinstance(n, int) for n in files.values()):
+        return f"{MANIFEST} has no valid file list"
+    for rel, size in sorted(files.items()):
+        why = _size_problem(path, rel, size, exact=True)
+        if why is not None:
+            return why
+    return None
+
+
+def newest_loadable(root: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
+    """The newest complete checkpoint under ``root`` without a :func:`problem` (None when there
+    is no checkpoint at all), and the newer damaged ones passed over, each with its problem.
+
+    Raises:
+        CheckpointError: checkpoints exist but every one of them is damaged.
+    """
+    damaged = []
+    for path in reversed(checkpoint_dirs(root)):
+        why = problem(path)
+        if why is None:
+            return path, damaged
+        damaged.append((path, why))
+    if damaged:
+        listed = "; ".join(f"{p.name}: {why}" for p, why in damaged)
+        raise CheckpointError(f"no loadable checkpoint in {root} ({listed}); restore the damaged files, or move "
+                              "these directories aside to start from step 0.")
+    return None, []
+
+
+def damaged_note(path: Path, why: str, instead: Path) -> str:
+    """The one line saying that ``path`` is passed over for ``instead``."""
+    return (f"zhnlp: checkpoint {path} is damaged ({why}); using {instead.name} instead (the damaged one is left "
+            f"in place for inspection)")
+
+
+def resume(trainer) -> Path | None:
+    """``--resume``: load the newest loadable checkpoint under OUTPUT/checkpoints into ``trainer``
+    and return it, or say that the run starts from step 0 when there is none (collective). Rank 0
+    chooses and broadcasts the choice, so every rank loads the same checkpoint."""
+    root = trainer.output / "checkpoints"
+    choice = [None, [], None]  # path, notes, error
+    if dist.get_rank() == 0:
+        try:
+            found, damaged = newest_loadable(root)
+            choice = [None if found is None else str(found), [damaged_note(p, why, found) for p, why in damaged],
+                      None]
+        except CheckpointError as e:
+            choice = [None, [], str(e)]
+    if dist.get_world_size() > 1:
+        dist.broadcast_object_list(choice, src=0)
+    found, notes, error = choice
+    if error is not None:
+        raise CheckpointError(error)
+    if dist.get_rank() == 0:
+        for note in notes:
+            print(note, flush=True)
+        if found is None:
+            print(f"zhnlp: --resume: no checkpoint in {root} yet; starting from step 0", flush=True)
+    if found is None:
+        return None
+    load(trainer, Path(found))
+    if dist.get_rank() == 0:
+        print(f"resumed from {found} (step {trainer.step})", flush=True)
+    return Path(found)
 
 
 def _sharded_state(trainer, with_optimizer: bool, loading: bool = False):
@@ -145,6 +342,7 @@ def save(trainer, keep: int = 3) -> Path:
         (work / "trainer.json").write_text(json.dumps(info, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     distributed.barrier()
     if dist.get_rank() == 0:  # the one step that makes the checkpoint count
+        _write_manifest(work)  # every rank's files are written (the barrier): their sizes are final
         if final.exists():
             shutil.rmtree(final)
         work.rename(final)
@@ -156,17 +354,53 @@ def save(trainer, keep: int = 3) -> Path:
     return final
 
 
+@contextlib.contextmanager
+def unreadable_as_checkpoint_error(path: Path):
+    """Reading checkpoint files that passed :func:`problem` can still fail (bytes damaged in place,
+    a file replaced by another run's): one line naming the checkpoint instead of the reader's
+    traceback (which stays chained, for ``--debug``)."""
+    import logging
+
+    from megatron.core.dist_checkpointing.core import CheckpointingException
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    def drop_fallback_traceback(record: logging.LogRecord) -> bool:
+        # torch's loader logs the unreadable .metadata with its traceback (on the root logger) before
+        # retrying and raising: the error below says it in one line
+        return not record.getMessage().startswith("Global metadata is not found")
+
+    root = logging.getLogger()
+    root.addFilter(drop_fallback_traceback)
+    try:
+        yield
+    except (CheckpointingException, CheckpointException, RuntimeError, ValueError, OSError, EOFError,
+            KeyError, pickle.UnpicklingError) as e:
+        if isinstance(e, CheckpointError):
+            raise
+        cause = e
+        if isinstance(e, CheckpointException) and e.failures:  # torch's wrapper: {rank: (error, stack)}
+            cause = next(iter(e.failures.values()))
+            cause = cause[0] if isinstance(cause, tuple) else cause
+        text = str(cause).strip()
+        first = text.splitlines()[0][:200] if text else "no message"
+        raise CheckpointError(f"checkpoint {path} cannot be read ({type(cause).__name__}: {first}); it is damaged: "
+                              "move it aside to use the one before it.") from e
+    finally:
+        root.removeFilter(drop_fallback_traceback)
+
+
 def load(trainer, path: Path) -> None:
     """Restore ``trainer`` from the complete checkpoint ``path`` (collective). The layout may differ
     from the one that saved it, except for the distributed optimizer's state (see module doc)."""
     from megatron.core import dist_checkpointing
     from safetensors.torch import load_file
 
-    info_file = path / "trainer.json"
-    if not info_file.is_file():
-        raise CheckpointError(f"{path} is not a complete zhnlp checkpoint (no trainer.json); "
-                              "point --resume at a step_NNNNNNN directory or its parent.")
-    info = json.loads(info_file.read_text(encoding="utf-8"))
+    info, why = _json_file(path / "trainer.json", "trainer.json")
+    missing = [k for k in _INFO_KEYS if info is not None and k not in info]
+    if why is not None or missing:
+        why = why or f"trainer.json lacks {', '.join(missing)}"
+        raise CheckpointError(f"{path} is not a complete zhnlp checkpoint ({why}); load a step_NNNNNNN directory "
+                              "that `zhnlp pretrain` wrote.")
     if info["model"] != trainer.cfg.model:
         raise CheckpointError(f"{path} was saved for a different architecture than recipe {trainer.cfg.recipe!r}; "
                               "resume with the recipe that wrote it.")
@@ -176,7 +410,8 @@ def load(trainer, path: Path) -> None:
     distopt = info["distributed_optimizer"]
     with_optimizer = not distopt and not trainer.cfg.optimizer.distributed_optimizer
     with cpu.device_mode():
-        state = dist_checkpointing.load(_sharded_state(trainer, with_optimizer, loading=True), str(path / "model"))
+        with unreadable_as_checkpoint_error(path):
+            state = dist_checkpointing.load(_sharded_state(trainer, with_optimizer, loading=True), str(path / "model"))
         for i, chunk in enumerate(trainer.chunks):
             chunk.module.load_state_dict(state[f"model{i}"])
         if with_optimizer:
@@ -184,7 +419,8 @@ def load(trainer, path: Path) -> None:
         elif distopt and trainer.cfg.optimizer.distributed_optimizer and same_layout:
             file = path / "distopt" / f"mp_rank_{lay.tp_rank:02d}_{lay.pp_rank:03d}.pt"
             # every rank needs the common state; only the first data-parallel rank the parameter state
-            states = torch.load(file, map_location="cpu", weights_only=True) if file.is_file() else None
+            with unreadable_as_checkpoint_error(path):
+                states = torch.load(file, map_location="cpu", weights_only=True) if file.is_file() else None
             if states is None:
                 raise CheckpointError(f"{file} is missing; the checkpoint's distributed-optimizer state is incomplete.")
             with torch.no_grad():  # it copies into the fp32 main parameters, which require grad
@@ -199,6 +435,7 @@ def load(trainer, path: Path) -> None:
     trainer.step = info["step"]
     rng = path / "rng" / f"rank_{dist.get_rank():05d}.safetensors"
     if same_layout and rng.is_file():
-        _set_rng_state(load_file(str(rng)))
+        with unreadable_as_checkpoint_error(path):
+            _set_rng_state(load_file(str(rng)))
     else:
         distributed.set_seed(trainer.cfg.seed + trainer.step)  # a new layout: fresh, deterministic streams

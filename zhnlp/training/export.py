@@ -30,21 +30,15 @@ def export(checkpoint: str | Path, output: str | Path, overwrite: bool = False) 
     from zhnlp.distributed import cpu
     from zhnlp.models.common.pretrained import PretrainedModel
     from zhnlp.models.ernie import FAMILY, ErnieConfig
-    from zhnlp.training.checkpoint import latest
+    from zhnlp.training.checkpoint import unreadable_as_checkpoint_error
 
     out = Path(output)
     _check_target(out, overwrite)
-    path = Path(checkpoint)
-    if not (path / "trainer.json").is_file():
-        found = latest(path) or latest(path / "checkpoints")
-        if found is None:
-            raise CheckpointError(f"no complete checkpoint at {path}; pass a step_NNNNNNN directory or the run "
-                                  "directory that holds checkpoints/.")
-        path = found
+    path = _loadable(Path(checkpoint))
     info = json.loads((path / "trainer.json").read_text(encoding="utf-8"))
     distributed.layout()
     model = PretrainedModel.from_config(FAMILY, ErnieConfig.from_dict(info["model"]), "mlm")
-    with cpu.device_mode():
+    with cpu.device_mode(), unreadable_as_checkpoint_error(path):
         template = {f"model{i}": c.sharded_state_dict() for i, c in enumerate(model.chunks)}
         state = dist_checkpointing.load(template, str(path / "model"))
     for i, chunk in enumerate(model.chunks):
@@ -64,6 +58,33 @@ def export(checkpoint: str | Path, output: str | Path, overwrite: bool = False) 
         swap_directory(work, out)
     distributed.barrier()
     return out
+
+
+def _loadable(path: Path) -> Path:
+    """The checkpoint to export: ``path`` itself when it is a step directory (which must be whole),
+    else the newest loadable one under ``path`` or ``path/checkpoints``, naming newer damaged ones
+    on stderr. Reads only files, so every rank of a torchrun export makes the same choice."""
+    import os
+    import sys
+
+    from zhnlp.training.checkpoint import checkpoint_dirs, damaged_note, newest_loadable, problem
+
+    if (path / "trainer.json").exists() or (path / "model").is_dir():
+        why = "an unfinished save, never marked complete" if path.name.endswith(".incomplete") else problem(path)
+        if why is not None:
+            earlier = [p for p in checkpoint_dirs(path.parent) if p.name < path.name and problem(p) is None]
+            hint = f"export an earlier one, e.g. {earlier[-1]}" if earlier else "restore its files"
+            raise CheckpointError(f"checkpoint {path} is damaged ({why}); {hint}.")
+        return path
+    root = path if checkpoint_dirs(path) else path / "checkpoints"
+    found, damaged = newest_loadable(root)
+    if found is None:
+        raise CheckpointError(f"no complete checkpoint at {path}; pass a step_NNNNNNN directory or the run "
+                              "directory that holds checkpoints/.")
+    if os.environ.get("RANK", "0") == "0":
+        for p, why in damaged:
+            print(damaged_note(p, why, found), file=sys.stderr, flush=True)
+    return found
 
 
 def _check_target(out: Path, overwrite: bool) -> None:
