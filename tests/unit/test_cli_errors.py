@@ -273,3 +273,18 @@ def test_preprocess_refuses_an_existing_prefix_and_an_empty_corpus(capsys, tmp_p
     assert (tmp_path / "out" / "c.bin").read_bytes() == before
     assert run(capsys, *base, "--input", tmp_path / "c.txt", "--overwrite")[0] == 0
     assert (tmp_path / "out" / "c.bin").read_bytes() != before
+
+
+def test_finetune_refuses_a_tokenizer_larger_than_the_model_before_training(capsys, tmp_path, reviews):
+    import zhnlp
+    from tests.finetuning import VOCAB
+    from zhnlp.tokenizers.wordpiece import WordPieceTokenizer
+    from zhnlp.training.config import recipe
+
+    arch = {**recipe("ernie-debug").model, "vocab_size": 1000}
+    zhnlp.AutoModelForMaskedLM.from_config(arch).save_pretrained(tmp_path / "small")
+    WordPieceTokenizer.from_vocab(VOCAB).save_pretrained(tmp_path / "small")  # 21,128 tokens
+    rc, err = run(capsys, "finetune", "classification", "--model", tmp_path / "small", "--train", reviews,
+                  "--dev", reviews, "--output", tmp_path / "out")
+    assert rc == 2 and "has 21128 tokens" in one_line(err) and "vocab_size is 1000" in err
+    assert not (tmp_path / "out").exists()
