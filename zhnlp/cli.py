@@ -95,8 +95,9 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except SystemExit as e:  # a command's own usage check (parser.error), already reported
         return e.code if isinstance(e.code, int) else 2
-    except Interrupted as e:  # a stop signal, handled: the run saved what it had
-        print(f"zhnlp: {e}", file=sys.stderr)
+    except Interrupted as e:  # a stop signal, handled: the run saved what it had (every rank agrees: say it once)
+        if os.environ.get("RANK", "0") == "0":
+            print(f"zhnlp: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:
         if debug:

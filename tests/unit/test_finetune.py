@@ -401,3 +401,41 @@ def test_short_mrc_run(tiny, tmp_path):
             assert answer and answer in contexts[qid], (qid, answer)
     config = read_json(out / "model" / "config.json")
     assert config["architectures"] == ["ErnieForQuestionAnswering"]
+
+
+@pytest.mark.slow
+def test_sigterm_keeps_the_best_model_and_consistent_metrics(tiny, tmp_path):
+    """SIGTERM mid-run: the step in flight finishes, the best model of the finished epochs stays in
+    OUTPUT/model, metrics.json says interrupted and describes that model, the exit status is 143."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from tests.conftest import ROOT
+
+    train = write_jsonl(tmp_path / "train.jsonl", [{"text": t, "label": lab} for t, lab in REVIEWS * 8])
+    out = tmp_path / "run"
+    cmd = [sys.executable, "-m", "zhnlp", "finetune", "classification", "--model", str(tiny), "--train", str(train),
+           "--dev", str(reviews(tmp_path / "dev.jsonl")), "--output", str(out), "--epochs", "200",
+           "--batch-size", "8", "--log-interval", "1"]
+    job = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                           env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"})
+    deadline = time.time() + 120
+    while time.time() < deadline and job.poll() is None:
+        if (out / "metrics.json").is_file() and len(read_json(out / "metrics.json")["epochs"]) >= 2:
+            break
+        time.sleep(0.05)
+    assert job.poll() is None, job.communicate()
+    job.send_signal(signal.SIGTERM)
+    _, err = job.communicate(timeout=120)
+    assert job.returncode == 143, err
+    metrics = read_json(out / "metrics.json")
+    assert metrics["status"] == "interrupted" and metrics["stopped_at_step"] >= 8
+    best = metrics["best_epoch"]
+    assert best is not None and metrics["dev"] == metrics["epochs"][best - 1]["dev"]
+    assert (out / "model" / "config.json").is_file() and not (out / "model.incomplete").exists()
+    assert not (out / "checkpoints").exists()  # fine-tuning keeps its best model, not a training checkpoint
+    assert f"zhnlp: stopped by SIGTERM" in err and f"the best model so far (epoch {best}) is in {out / 'model'}" in err
+    assert "Traceback" not in err

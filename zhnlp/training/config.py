@@ -49,9 +49,12 @@ class DataConfig:
 
 @dataclass
 class CheckpointConfig:
-    save_interval: int = 0  # steps between checkpoints (0: only at the end when resume is used)
+    save_interval: int = 0  # steps between checkpoints (0: none, except on a stop signal)
     keep: int = 3  # complete checkpoints to keep
-    resume: bool = False  # continue from the newest complete checkpoint under OUTPUT/checkpoints
+    resume: bool = False  # continue from the newest loadable checkpoint under OUTPUT/checkpoints
+    # on SIGTERM/SIGINT: save a checkpoint after the current step, then Trainer.train raises Interrupted
+    # (off for callers that keep their own results, such as fine-tuning's best model)
+    save_on_stop: bool = True
 
 
 @dataclass
@@ -81,8 +84,33 @@ class RunConfig:
         """Fail before any work when the layout cannot work, with one message."""
         from zhnlp.models.ernie.config import ErnieConfig
 
+        from zhnlp.argtypes import range_problem
+
         p, d = self.parallel, self.data
         problems = []
+        o, c, log = self.optimizer, self.checkpoint, self.logging
+        ranges = [("steps", self.steps, 1), ("seed", self.seed, 0), ("micro_batch_size", d.micro_batch_size, 1),
+                  ("global_batch_size", d.global_batch_size, 1), ("seq_length", d.seq_length, 8),
+                  ("log_interval", log.log_interval, 1), ("save_interval", c.save_interval, 0),
+                  ("keep", c.keep, 0), ("warmup_steps", o.warmup_steps, 0), ("max_ngram", d.max_ngram, 1)]
+        for name, value, low in ranges:
+            problem = range_problem(value, "an integer", low)
+            if problem:
+                problems.append(f"{name} {problem}, got {value!r}")
+        reals = [("lr", o.lr, 0, True), ("min_lr", o.min_lr, 0, False), ("weight_decay", o.weight_decay, 0, False),
+                 ("clip_grad", o.clip_grad, 0, False), ("peak_tflops", log.peak_tflops, 0, True),
+                 ("initial_loss_scale", o.initial_loss_scale, 0, True)]
+        for name, value, low, open_low in reals:
+            problem = range_problem(value, "a number", low, low_open=open_low)
+            if problem:
+                problems.append(f"{name} {problem}, got {value!r}")
+        problem = range_problem(d.mask_prob, "a number", 0, 1, low_open=True, high_open=True)
+        if problem:
+            problems.append(f"mask_prob {problem}, got {d.mask_prob!r}")
+        positions = self.model.get("max_position_embeddings")
+        if isinstance(positions, int) and isinstance(d.seq_length, int) and d.seq_length > positions:
+            problems.append(f"seq_length {d.seq_length} is longer than the model's max_position_embeddings "
+                            f"{positions}")
         if world_size % (p.tp * p.pp):
             problems.append(f"world size {world_size} is not divisible by tp*pp = {p.tp * p.pp}")
         else:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import shutil
+import signal
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -360,7 +361,8 @@ def _run_config(cfg: FinetuneConfig, arch: dict, world_size: int, steps: int):
         optimizer=OptimizerConfig(lr=cfg.lr, min_lr=0.0, warmup_steps=int(cfg.warmup_ratio * steps),
                                   decay_style="linear", weight_decay=cfg.weight_decay),
         data=DataConfig(seq_length=cfg.max_length, micro_batch_size=micro, global_batch_size=cfg.batch_size),
-        logging=LoggingConfig(log_interval=cfg.log_interval), checkpoint=CheckpointConfig())
+        logging=LoggingConfig(log_interval=cfg.log_interval),
+        checkpoint=CheckpointConfig(save_on_stop=False))  # a stop keeps the best model, not a checkpoint
 
 
 def finetune(cfg: FinetuneConfig) -> dict:
@@ -395,6 +397,7 @@ def _finetune(task: Task, cfg: FinetuneConfig, run_dir) -> dict:
     from zhnlp.models.common.pretrained import PretrainedModel
     from zhnlp.tokenizers import AutoTokenizer
     from zhnlp.tokenizers.auto import check_tokenizer_fits
+    from zhnlp.training.signals import stop_signals
     from zhnlp.training.trainer import Trainer
 
     started = time.time()
@@ -445,31 +448,39 @@ def _finetune(task: Task, cfg: FinetuneConfig, run_dir) -> dict:
         if rank0:
             _atomic_json(out / "metrics.json", result)
 
+    def interrupted(signum: int, why: str, epoch: int):
+        write("interrupted", stopped_at_step=trainer.step)
+        kept = f"the best model so far (epoch {best['epoch']}) is in {best_dir}" if best else "no model was saved"
+        return Interrupted(f"{why} (epoch {epoch}); {kept}, metrics in {out / 'metrics.json'}.", signum)
+
     epochs = math.ceil(steps / max(per_epoch, 1)) if per_epoch else 0
-    for epoch in range(1, epochs + 1):
-        end = min(epoch * per_epoch, steps)
-        try:
-            log = trainer.train(steps=end)
-        except Interrupted as stop:
-            # the step in flight was finished; its epoch is not scored: the best model so far stays
-            write("interrupted", stopped_at_step=trainer.step)
-            kept = f"the best model so far (epoch {best['epoch']}) is in {best_dir}" if best else "no model was saved"
-            raise Interrupted(f"{stop} during epoch {epoch} at step {trainer.step}; {kept}, "
-                              f"metrics in {out / 'metrics.json'}.", stop.signum) from None
-        scores, predictions = _evaluate(task, cfg, trainer.model, dev, labels, cfg.dev)
-        # the loss lives on the last pipeline stage: take the logging rank's mean
-        mean = torch.tensor(float(np.mean([m["loss"] for m in log])) if log else float("nan"), dtype=torch.float64)
-        dist.broadcast(mean, src=trainer.logging_rank)
-        history.append({"epoch": epoch, "step": end, "train_loss": float(mean), "dev": scores})
-        if rank0:
-            print(f"epoch {epoch}: train loss {history[-1]['train_loss']:.4f}, dev "
-                  + ", ".join(f"{k} {v:.4f}" for k, v in scores.items() if isinstance(v, float)), flush=True)
-        if best is None or scores[task.metric] > best["dev"][task.metric]:
-            best = history[-1]
-            _save_model(trainer.model, tokenizer, best_dir)
+    # a stop signal during evaluation or saving is recorded too, and acted on once the epoch's results are written
+    with stop_signals() as stop:
+        for epoch in range(1, epochs + 1):
+            end = min(epoch * per_epoch, steps)
+            try:
+                log = trainer.train(steps=end)
+            except Interrupted as e:  # the step in flight was finished; this epoch is not scored
+                raise interrupted(e.signum, str(e), epoch) from None
+            scores, predictions = _evaluate(task, cfg, trainer.model, dev, labels, cfg.dev)
+            # the loss lives on the last pipeline stage: take the logging rank's mean
+            mean = torch.tensor(float(np.mean([m["loss"] for m in log])) if log else float("nan"),
+                                dtype=torch.float64)
+            dist.broadcast(mean, src=trainer.logging_rank)
+            history.append({"epoch": epoch, "step": end, "train_loss": float(mean), "dev": scores})
             if rank0:
-                _atomic_json(out / "dev_predictions.json", predictions)
-        write("running")
+                print(f"epoch {epoch}: train loss {history[-1]['train_loss']:.4f}, dev "
+                      + ", ".join(f"{k} {v:.4f}" for k, v in scores.items() if isinstance(v, float)), flush=True)
+            if best is None or scores[task.metric] > best["dev"][task.metric]:
+                best = history[-1]
+                _save_model(trainer.model, tokenizer, best_dir)
+                if rank0:
+                    _atomic_json(out / "dev_predictions.json", predictions)
+            write("running")
+            signum = stop.agreed()
+            if signum and epoch < epochs:
+                raise interrupted(signum, f"stopped by {signal.Signals(signum).name} after step {trainer.step}",
+                                  epoch)
     if test is not None and best is not None:
         final = PretrainedModel.from_checkpoint(family, family.config_class.from_json_file(best_dir / "config.json"),
                                                 task.head, best_dir, **_options(trainer))

@@ -63,6 +63,24 @@ def run_options(cfg: RunConfig) -> dict:
     return run
 
 
+def _corpus_tokenizer(prefix: str) -> str:
+    """The tokenizer ``zhnlp preprocess`` recorded in ``PREFIX.json``."""
+    from zhnlp.errors import DataError
+
+    meta = Path(f"{prefix}.json")
+    try:
+        tokenizer = json.loads(meta.read_text(encoding="utf-8")).get("tokenizer")
+    except FileNotFoundError:
+        tokenizer = None
+    except (ValueError, AttributeError):  # not JSON / not an object
+        raise DataError(f"{meta} is damaged (not the JSON object zhnlp preprocess writes); preprocess the corpus "
+                        "again, or name its tokenizer in the run config (data.tokenizer).") from None
+    if not isinstance(tokenizer, str):
+        raise DataError(f"{meta} is missing or names no tokenizer; preprocess the corpus again with zhnlp "
+                        "preprocess, or name its tokenizer in the run config (data.tokenizer).")
+    return tokenizer
+
+
 class Trainer:
     """Builds model, optimizer, scheduler and data for a :class:`RunConfig` and trains it."""
 
@@ -131,7 +149,7 @@ class Trainer:
         self.step = 0
 
     def _dataset(self):
-        from zhnlp.data.pretraining import MaskedLMDataset, SpecialTokens
+        from zhnlp.data.pretraining import MaskedLMDataset, SpecialTokens, check_corpus_prefix
         from zhnlp.tokenizers import AutoTokenizer
 
         d = self.cfg.data
@@ -145,7 +163,8 @@ class Trainer:
             d.prefix = str(demo_corpus())
         if d.prefix is None:
             raise ZhnlpError("no training data: pass --data PREFIX (a corpus preprocessed with `zhnlp preprocess`).")
-        tokenizer = d.tokenizer or json.loads(Path(f"{d.prefix}.json").read_text(encoding="utf-8"))["tokenizer"]
+        check_corpus_prefix(d.prefix)
+        tokenizer = d.tokenizer or _corpus_tokenizer(d.prefix)
         self.tokenizer_name = tokenizer
         special = SpecialTokens.from_tokenizer(AutoTokenizer.from_pretrained(tokenizer))
         if special.vocab_size > self.cfg.model["vocab_size"]:
@@ -209,24 +228,26 @@ class Trainer:
         """Train to ``steps`` (default: the config's). On the logging rank: OUTPUT/metrics.jsonl,
         TensorBoard events in OUTPUT/tensorboard and a progress bar with ETA.
 
-        With ``checkpoint.resume`` the newest complete checkpoint under OUTPUT/checkpoints is
-        loaded first; with ``checkpoint.save_interval`` one is written every that many steps."""
+        With ``checkpoint.resume`` the newest loadable checkpoint under OUTPUT/checkpoints is
+        loaded first (damaged newer ones are named and passed over); with
+        ``checkpoint.save_interval`` one is written every that many steps.
+
+        SIGTERM or SIGINT (on any rank) ends the loop after the current step on every rank: with
+        ``checkpoint.save_on_stop`` a checkpoint is written, then :class:`zhnlp.errors.Interrupted`
+        is raised, carrying ``step`` (the steps done), ``checkpoint`` (the path, or None) and
+        ``history`` (this call's metrics, as the return value would have been)."""
         from zhnlp.training import checkpoint
+        from zhnlp.training.monitor import Monitor
+        from zhnlp.training.signals import stop_signals
 
         ck = self.cfg.checkpoint
         if ck.resume:
-            found = checkpoint.latest(self.output / "checkpoints")
-            if found is not None:
-                checkpoint.load(self, found)
-                if dist.get_rank() == 0:
-                    print(f"resumed from {found} (step {self.step})", flush=True)
-        from zhnlp.training.monitor import Monitor
-
+            checkpoint.resume(self)
         history = []
         end = self.cfg.steps if steps is None else steps
         monitor = Monitor(self.output, total_steps=end, enabled=dist.get_rank() == self.logging_rank,
                           start_step=self.step)
-        with monitor:
+        with monitor, stop_signals() as stop:
             while self.step < end:
                 m = self.train_step()
                 if not torch.isfinite(torch.tensor(m["loss"])):
@@ -236,8 +257,12 @@ class Trainer:
                 history.append(m)
                 if m["step"] % self.cfg.logging.log_interval == 0:
                     monitor.log(m)
+                saved = None
                 if ck.save_interval and self.step % ck.save_interval == 0:
-                    checkpoint.save(self, keep=ck.keep)
+                    saved = checkpoint.save(self, keep=ck.keep)
+                signum = stop.agreed()  # every rank, every step: all stop after the same one
+                if signum:
+                    self._stop(signum, saved, history)
         return history
 
     def _flops(self, tokens: int, s: int) -> float:
@@ -255,3 +280,27 @@ class Trainer:
 
     def _peak(self) -> float:
         return self.cfg.logging.peak_tflops * 1e12 * self.layout.world_size
+
+    def _stop(self, signum: int, saved, history: list[dict]) -> None:
+        """End training for the stop signal ``signum``, which every rank agreed on after this step:
+        save (unless this step was just saved, or the caller turned ``save_on_stop`` off) and raise
+        Interrupted. A second Ctrl-C during the save abandons it as ``.incomplete``, which resuming ignores."""
+        import signal
+
+        from zhnlp.errors import Interrupted
+        from zhnlp.training import checkpoint
+
+        ck, name = self.cfg.checkpoint, signal.Signals(signum).name
+        path = saved
+        if path is None and ck.save_on_stop:
+            try:
+                path = checkpoint.save(self, keep=ck.keep)
+            except KeyboardInterrupt:
+                previous = checkpoint.latest(self.output / "checkpoints")
+                raise Interrupted(f"stopped by {name} at step {self.step}; the checkpoint save was aborted by a "
+                                  f"second SIGINT; the last complete checkpoint is {previous or 'none'}",
+                                  signal.SIGINT) from None
+        where = f"; checkpoint {path}; continue with --resume" if path is not None else ""
+        stop = Interrupted(f"stopped by {name} at step {self.step}{where}", signum)
+        stop.step, stop.checkpoint, stop.history = self.step, path, history
+        raise stop
