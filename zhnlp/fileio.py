@@ -185,3 +185,25 @@ def swap_directory(work: str | os.PathLike, final: str | os.PathLike) -> None:
         final.rename(old)
     work.rename(final)
     shutil.rmtree(old, ignore_errors=True)
+
+
+def undecodable(data: bytes) -> str | None:
+    """None when ``data`` is UTF-8, else where it is not: 'invalid byte 0xNN on line L' (lines
+    counted as text files count them: \\n, \\r\\n or \\r)."""
+    try:
+        data.decode("utf-8")
+        return None
+    except UnicodeDecodeError as e:
+        start = e.start
+    line = data[:start].replace(b"\r\n", b"\n").replace(b"\r", b"\n").count(b"\n") + 1
+    return f"invalid byte 0x{data[start]:02x} on line {line}"
+
+
+def read_utf8(path: str | os.PathLike, error: type[Exception], fix: str, what: str = "") -> str:
+    """The text of ``path`` (UTF-8, a BOM dropped); otherwise ``error("WHAT PATH is not UTF-8 text
+    (invalid byte 0xNN on line L); FIX")``, naming the file and the place."""
+    data = Path(path).read_bytes()
+    problem = undecodable(data)
+    if problem:
+        raise error(f"{what}{path} is not UTF-8 text ({problem}); {fix}")
+    return data.decode("utf-8-sig")

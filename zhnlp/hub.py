@@ -13,7 +13,7 @@ import os
 import re
 from pathlib import Path
 
-from zhnlp import cards
+from zhnlp import cards, fileio
 from zhnlp.errors import CheckpointError, ModelNotFoundError
 
 # What from_pretrained needs of a repo: weights, config and tokenizer files. No code.
@@ -62,13 +62,7 @@ def read_config_json(path: str | os.PathLike) -> dict:
     if not path.is_file():
         raise ModelNotFoundError(f"{path} not found; point at a directory written by save_pretrained "
                                  "(zhnlp or transformers), which holds config.json and the weights.")
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        line = data[:e.start].count(b"\n") + 1
-        raise CheckpointError(f"{path} is not UTF-8 text (invalid byte 0x{data[e.start]:02x} on line {line}); "
-                              "re-save the checkpoint or restore its config.json.") from None
+    text = fileio.read_utf8(path, CheckpointError, "re-save the checkpoint or restore its config.json.")
     try:
         config = json.loads(text)
     except json.JSONDecodeError as e:

@@ -379,7 +379,7 @@ def test_sentencepiece_model_that_cannot_be_read(tmp_path):
 def test_user_dictionary_that_is_not_utf8(tmp_path):
     path = tmp_path / "userdict.txt"
     path.write_bytes("云计算 5\n".encode() + "自然语言 3 n\n".encode("gbk"))
-    with pytest.raises(TokenizerError, match=r"user dictionary .*userdict\.txt is not UTF-8 \(invalid byte 0xd7 on "
+    with pytest.raises(TokenizerError, match=r"user dictionary .*userdict\.txt is not UTF-8 text \(invalid byte 0xd7 on "
                                              r"line 2\); jieba dictionaries are UTF-8"):
         Segmenter(backend="jieba").load_userdict(path)
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 from transformers import PreTrainedTokenizerFast
 
-from zhnlp import hub
+from zhnlp import fileio, hub
 from zhnlp.errors import CheckpointError, ModelNotFoundError, TokenizerError
 from zhnlp.tokenizers.wordpiece import WordPieceTokenizer, wordpiece_config_flags
 
@@ -37,13 +37,7 @@ def _tokenizer_dir(name_or_path: str | os.PathLike, revision: str | None) -> Pat
 
 def _read_json_object(file: Path, fix: str) -> dict:
     """A tokenizer JSON file that must hold an object; every failure names the file and ``fix``."""
-    data = file.read_bytes()
-    try:
-        text = data.decode("utf-8-sig")
-    except UnicodeDecodeError as e:
-        line = data[:e.start].count(b"\n") + 1
-        raise TokenizerError(f"{file} is not UTF-8 text (invalid byte 0x{data[e.start]:02x} on line {line}); "
-                             f"{fix}.") from None
+    text = fileio.read_utf8(file, TokenizerError, f"{fix}.")
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:

@@ -37,6 +37,7 @@ from typing import Iterable, Sequence
 
 import jieba
 
+from zhnlp import fileio
 from zhnlp.errors import TokenizerError
 
 # jieba logs "Building prefix dict ... Loading model cost ..." at INFO on every dictionary load
@@ -185,14 +186,9 @@ class Segmenter:
         if not path.is_file():
             raise FileNotFoundError(f"user dictionary {path} not found; pass the path of a UTF-8 file with one "
                                     f"'word [freq] [tag]' per line")
-        data = path.read_bytes()
-        try:
-            text = data.decode("utf-8-sig")
-        except UnicodeDecodeError as e:
-            line = data[:e.start].count(b"\n") + 1
-            raise TokenizerError(f"user dictionary {path} is not UTF-8 (invalid byte 0x{data[e.start]:02x} on line "
-                                 f"{line}); jieba dictionaries are UTF-8: re-save it as UTF-8 (e.g. `iconv -f GBK "
-                                 f"-t UTF-8 {path.name} > {path.stem}.utf8{path.suffix}`).") from None
+        text = fileio.read_utf8(path, TokenizerError, what="user dictionary ",
+                                fix=f"jieba dictionaries are UTF-8: re-save it as UTF-8 (e.g. `iconv -f GBK -t UTF-8 "
+                                    f"{path.name} > {path.stem}.utf8{path.suffix}`).")
         for lineno, line in enumerate(text.splitlines(), 1):
             line = line.strip()
             if not line:

@@ -24,6 +24,7 @@ from tokenizers.models import WordPiece
 from transformers import PreTrainedTokenizerFast
 
 from zhnlp.errors import TokenizerError
+from zhnlp.fileio import undecodable
 
 SPECIAL_TOKENS = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "sep_token": "[SEP]",
                   "mask_token": "[MASK]"}
@@ -52,8 +53,8 @@ def read_vocab(path: str | os.PathLike) -> dict[str, int]:
         with open(path, encoding="utf-8") as f:
             lines = [line.rstrip("\n") for line in f]
     except UnicodeDecodeError:
-        raise TokenizerError(f"{path} is not UTF-8 text ({_bad_byte(path)}); a WordPiece vocabulary must be "
-                             "UTF-8: re-save it as UTF-8 or use the vocab.txt that came with the model.") from None
+        raise TokenizerError(f"{path} is not UTF-8 text ({undecodable(path.read_bytes())}); a WordPiece vocabulary "
+                             "must be UTF-8: re-save it as UTF-8 or use the vocab.txt that came with the model.") from None
     if not lines:
         raise TokenizerError(f"{path} is empty; a WordPiece vocabulary holds one token per line ([PAD], [UNK], "
                              "[CLS], [SEP], [MASK] and the rest): use the vocab.txt that came with the model or "
@@ -69,20 +70,6 @@ def read_vocab(path: str | os.PathLike) -> dict[str, int]:
                 f"[unused{first}] (every id stays in place, and the token keeps id {i}, the one transformers "
                 "gives it), or use the vocab.txt that came with the model.")
     return vocab
-
-
-def _bad_byte(path: Path) -> str:
-    """Where the first undecodable byte of ``path`` is, as 'invalid byte 0xNN on line L'.
-
-    (The error open() raises gives the position within its read buffer, not the file.)"""
-    data = path.read_bytes()
-    try:
-        data.decode("utf-8")
-        return "invalid UTF-8"
-    except UnicodeDecodeError as e:
-        start = e.start
-    line = data[:start].replace(b"\r\n", b"\n").replace(b"\r", b"\n").count(b"\n") + 1
-    return f"invalid byte 0x{data[start]:02x} on line {line}"
 
 
 def check_vocab_ids(vocab: dict[str, int], source: str) -> None:
