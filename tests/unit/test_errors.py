@@ -19,12 +19,6 @@ def world_of_one():
     zhnlp.distributed.init()
 
 
-@pytest.fixture
-def ckpt(tmp_path):
-    hf_model("ernie3", "base").save_pretrained(tmp_path / "ckpt")
-    return tmp_path / "ckpt"
-
-
 # ---------------------------------------------------------------- names, paths, the hub
 def test_unknown_model_name_suggests_close_names():
     with pytest.raises(ModelNotFoundError, match=r"unknown model name 'ernie-3.0-bse-zh'.*Did you mean ernie-3.0-base-zh"):

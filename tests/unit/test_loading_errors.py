@@ -32,12 +32,6 @@ def world_of_one():
     zhnlp.distributed.init()
 
 
-@pytest.fixture
-def ckpt(tmp_path):
-    hf_model("ernie3", "base").save_pretrained(tmp_path / "ckpt")
-    return tmp_path / "ckpt"
-
-
 def _edit_config(directory, **changes):
     cfg = json.loads((directory / "config.json").read_text())
     cfg.update(changes)

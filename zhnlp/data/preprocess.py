@@ -257,6 +257,7 @@ def preprocess(inputs: list[str | Path], output_prefix: str | Path, tokenizer: s
     """
     from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
+    from zhnlp.data.pretraining import CORPUS_FILES
     from zhnlp.fileio import refuse_existing
 
     paths = [Path(p) for p in inputs]
@@ -275,8 +276,8 @@ def preprocess(inputs: list[str | Path], output_prefix: str | Path, tokenizer: s
     if prefix.is_dir():
         raise PreprocessError(f"--output {prefix} is a directory; pass a prefix for the files, e.g. {prefix}/corpus "
                               f"for {prefix}/corpus.bin and .idx.")
-    refuse_existing([Path(f"{prefix}{s}") for s in ("", "_units") for s in (f"{s}.bin", f"{s}.idx")]
-                    + [Path(f"{prefix}.json")], overwrite=overwrite, flag="--output", what="a preprocessed corpus")
+    refuse_existing([Path(f"{prefix}{suffix}") for suffix in (*CORPUS_FILES, ".json")], overwrite=overwrite,
+                    flag="--output", what="a preprocessed corpus")
     if on_error not in ("skip", "fail"):
         raise PreprocessError(f"on_error must be 'skip' or 'fail', not {on_error!r}")
     if fmt not in ("auto", "jsonl", "text"):
