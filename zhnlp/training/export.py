@@ -43,21 +43,34 @@ def export(checkpoint: str | Path, output: str | Path, overwrite: bool = False) 
         state = dist_checkpointing.load(template, str(path / "model"))
     for i, chunk in enumerate(model.chunks):
         chunk.load_state_dict(state[f"model{i}"])
-    work = out.with_name(out.name + ".incomplete")
+    name = info.get("tokenizer")
+    if name and distributed.layout().rank == 0:
+        from zhnlp.tokenizers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(name)
+    else:
+        tokenizer = None
+    save_model_directory(model, tokenizer, out)
+    return out
+
+
+def save_model_directory(model, tokenizer, directory: Path) -> None:
+    """Write ``model`` (collective) and ``tokenizer`` (if given; rank 0) into ``DIRECTORY.incomplete``,
+    then swap that in for ``directory`` as a whole, so that an interrupted save leaves the previous
+    model intact and no file of it lingers beside the new one."""
+    from zhnlp import distributed
+
+    work = directory.with_name(directory.name + ".incomplete")
     rank0 = distributed.layout().rank == 0
     if rank0 and work.exists():
         shutil.rmtree(work)
     distributed.barrier()
     model.save_pretrained(work)
-    tokenizer = info.get("tokenizer")
     if rank0:
-        if tokenizer:
-            from zhnlp.tokenizers import AutoTokenizer
-
-            AutoTokenizer.from_pretrained(tokenizer).save_pretrained(work)
-        swap_directory(work, out)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(work)
+        swap_directory(work, directory)
     distributed.barrier()
-    return out
 
 
 def _loadable(path: Path) -> Path:

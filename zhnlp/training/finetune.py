@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import shutil
 import signal
 import time
 from dataclasses import dataclass
@@ -33,7 +32,6 @@ import torch.distributed as dist
 from zhnlp import distributed
 from zhnlp.argtypes import check_file, check_range
 from zhnlp.errors import DataError, Interrupted, ZhnlpError
-from zhnlp.fileio import swap_directory
 
 
 @dataclass
@@ -511,18 +509,10 @@ def _evaluate(task: Task, cfg: FinetuneConfig, model, split, labels, path) -> tu
 
 
 def _save_model(model, tokenizer, directory: Path) -> None:
-    """Write the model (collective) and tokenizer next to it, then swap it in for the previous
-    best, so that an interrupted save leaves the previous best model intact."""
+    """Swap the model and its tokenizer in for the previous best (see ``save_model_directory``)."""
+    from zhnlp.training.export import save_model_directory
 
-    work = directory.with_name(directory.name + ".incomplete")
-    if dist.get_rank() == 0 and work.exists():
-        shutil.rmtree(work)
-    distributed.barrier()
-    model.save_pretrained(work)
-    if dist.get_rank() == 0:
-        tokenizer.save_pretrained(work)
-        swap_directory(work, directory)
-    distributed.barrier()
+    save_model_directory(model, tokenizer, directory)
     model.train()
 
 
