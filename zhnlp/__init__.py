@@ -7,9 +7,20 @@
 
 Under ``torchrun``, call ``zhnlp.distributed.init(tp=..., pp=...)`` first; every rank then
 receives complete outputs. Chinese text: ``zhnlp.AutoTokenizer``, ``zhnlp.segment``.
+
+``import zhnlp`` is light: torch, megatron-core and transformers are imported only when an
+attribute that needs them is first used (``zhnlp.AutoModel``, ``zhnlp.pipeline``, ...), and
+nothing about torch changes on import (see :mod:`zhnlp.distributed.cpu` for what changes, and
+when, on a machine without CUDA).
 """
 
+from __future__ import annotations
+
+import importlib
 import warnings as _warnings
+
+from zhnlp.errors import CheckpointError, LayoutError, ModelNotFoundError, ZhnlpError
+from zhnlp.version import __version__
 
 # megatron-core announces optional accelerators it did not find (TransformerEngine, Apex) and
 # deprecations of its own internal arguments at import and construction; none of them is
@@ -18,42 +29,39 @@ for _message in ("Transformer Engine and Apex are not installed", "tp_group is N
                  "full scope is deprecated", "Apex is not installed"):
     _warnings.filterwarnings("ignore", message=f".*{_message}.*")
 
-from zhnlp.distributed import cpu as _cpu  # noqa: E402
+# public name -> module that defines it; imported on first access (PEP 562)
+_LAZY = {
+    "AutoModel": "zhnlp.auto",
+    "AutoModelForMaskedLM": "zhnlp.auto",
+    "AutoModelForQuestionAnswering": "zhnlp.auto",
+    "AutoModelForSequenceClassification": "zhnlp.auto",
+    "AutoModelForTokenClassification": "zhnlp.auto",
+    "AutoTokenizer": "zhnlp.tokenizers",
+    "FinetuneConfig": "zhnlp.training.finetune",
+    "ModelCard": "zhnlp.cards",
+    "Segmenter": "zhnlp.tokenizers.segment",
+    "finetune": "zhnlp.training.finetune",
+    "list_models": "zhnlp.cards",
+    "pipeline": "zhnlp.pipelines",
+    "segment": "zhnlp.tokenizers.segment",
+}
+_SUBMODULES = ("distributed",)
 
-# Before megatron-core is imported anywhere: make its torch.compile'd helpers eager on CPU.
-_cpu.install()
 
-from zhnlp import distributed  # noqa: E402
-from zhnlp.auto import (  # noqa: E402
-    AutoModel,
-    AutoModelForMaskedLM,
-    AutoModelForQuestionAnswering,
-    AutoModelForSequenceClassification,
-    AutoModelForTokenClassification,
-)
-from zhnlp.cards import ModelCard, list_models  # noqa: E402
-from zhnlp.pipelines import pipeline  # noqa: E402
-from zhnlp.tokenizers import AutoTokenizer  # noqa: E402
-from zhnlp.tokenizers.segment import Segmenter, segment  # noqa: E402
-from zhnlp.errors import CheckpointError, LayoutError, ModelNotFoundError, ZhnlpError  # noqa: E402
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(f"zhnlp.{name}")
+    else:
+        raise AttributeError(f"module 'zhnlp' has no attribute {name!r}")
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
 
-__version__ = "0.1.0"
 
-__all__ = [
-    "AutoModel",
-    "AutoModelForMaskedLM",
-    "AutoModelForQuestionAnswering",
-    "AutoModelForSequenceClassification",
-    "AutoModelForTokenClassification",
-    "AutoTokenizer",
-    "CheckpointError",
-    "LayoutError",
-    "ModelCard",
-    "ModelNotFoundError",
-    "Segmenter",
-    "ZhnlpError",
-    "distributed",
-    "list_models",
-    "pipeline",
-    "segment",
-]
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_LAZY, *_SUBMODULES])
+
+
+__all__ = sorted(["CheckpointError", "LayoutError", "ModelNotFoundError", "ZhnlpError", "__version__",
+                  *_LAZY, *_SUBMODULES])

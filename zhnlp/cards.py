@@ -1,4 +1,5 @@
-"""Model cards: ``model_cards/<name>.md``, Markdown with YAML front matter.
+"""Model cards: ``zhnlp/model_cards/<name>.md`` (package data, so installed with zhnlp), Markdown with YAML
+front matter.
 
 The front matter is data: family, hub repo and revision, architecture (transformers'
 config.json fields), tokenizer, licence, tasks and published results with their sources.
@@ -46,9 +47,9 @@ class ModelCard:
 
 
 def cards_dir() -> Path:
-    """``$ZHNLP_MODEL_CARDS`` or the ``model_cards/`` folder of the source tree."""
+    """``$ZHNLP_MODEL_CARDS`` or the ``model_cards/`` folder inside the installed package."""
     env = os.environ.get("ZHNLP_MODEL_CARDS")
-    return Path(env) if env else Path(__file__).resolve().parent.parent / "model_cards"
+    return Path(env) if env else Path(__file__).resolve().parent / "model_cards"
 
 
 def parse_card(path: Path) -> ModelCard:

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import argparse
+import importlib
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -30,32 +33,87 @@ def _models(args) -> int:
     return 0
 
 
-def build_parser() -> Parser:
-    parser = Parser(prog="zhnlp", description="Chinese NLP model zoo and training toolkit.",
-                    epilog="Mistakes in the input are reported as one line `zhnlp: error: ...` (exit 2); "
-                           "--debug (anywhere on the line) or ZHNLP_DEBUG=1 shows the Python traceback instead.")
-    parser.add_argument("--debug", action="store_true", help="show tracebacks for errors")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser)
-    p = sub.add_parser("models", help="list the model zoo (model_cards/)")
+# command -> (one-line help, "module:function" that registers it on the subparsers). Only the command
+# being run is registered for real, so `zhnlp --help` and the light commands import neither torch nor
+# transformers nor megatron-core.
+COMMANDS = {
+    "models": ("list the model zoo (the model cards shipped with zhnlp)", "zhnlp.cli:_add_models"),
+    "data": ("fetch the real Chinese datasets into the local cache", "zhnlp.data.fetch:add_cli"),
+    "tokenizer": ("train tokenizers on a Chinese corpus", "zhnlp.tokenizers.train:add_cli"),
+    "preprocess": ("tokenise a corpus into a megatron indexed dataset", "zhnlp.data.preprocess:add_cli"),
+    "pretrain": ("pretrain a model with a recipe (megatron-core engine)", "zhnlp.training.command:add_cli"),
+    "finetune": ("fine-tune a model on a task (classification, reading comprehension, NER)",
+                 "zhnlp.training.command:add_finetune_cli"),
+    "plot": ("draw a run's curves (PNG)", "zhnlp.training.monitor:add_cli"),
+    "export": ("write a training checkpoint as a transformers model directory", "zhnlp.training.export:add_cli"),
+    "evaluate": ("score predictions against a dataset (CMRC2018 EM/F1)", "zhnlp.metrics.command:add_cli"),
+    "predict": ("run an inference pipeline; one JSON result per line", "zhnlp.pipelines.command:add_cli"),
+}
+
+
+def _add_models(sub) -> None:
+    p = sub.add_parser("models", help=COMMANDS["models"][0])
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_models)
 
-    from zhnlp.data import fetch, preprocess
-    from zhnlp.metrics import command as evaluate_command
-    from zhnlp.pipelines import command as predict_command
-    from zhnlp.tokenizers import train
-    from zhnlp.training import command, export, monitor
 
-    fetch.add_cli(sub)        # zhnlp data fetch NAME / zhnlp data list
-    train.add_cli(sub)        # zhnlp tokenizer train-wordpiece / train-sentencepiece
-    preprocess.add_cli(sub)   # zhnlp preprocess --input ... --output PREFIX --tokenizer ...
-    command.add_cli(sub)      # zhnlp pretrain --recipe ernie-debug --tp 2 ...
-    command.add_finetune_cli(sub)  # zhnlp finetune TASK --model DIR --train F --dev F [--test F]
-    monitor.add_cli(sub)      # zhnlp plot RUN_DIR
-    export.add_cli(sub)       # zhnlp export CHECKPOINT DIR (transformers format + tokenizer)
-    evaluate_command.add_cli(sub)  # zhnlp evaluate cmrc2018 DATASET.json PREDICTIONS.json
-    predict_command.add_cli(sub)   # zhnlp predict TASK --model DIR [TEXT ...]
+def _chosen(argv: list[str]) -> str | None:
+    """The command word of ``argv`` (the first argument that is not a top-level option)."""
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def build_parser(command: str | None = None) -> Parser:
+    """The ``zhnlp`` parser. ``command`` (a name of :data:`COMMANDS`) is built in full and the others appear by
+    name and help only; ``"*"`` builds every command (for tools that walk the whole parser)."""
+    from zhnlp.version import __version__
+
+    parser = Parser(prog="zhnlp", description="Chinese NLP model zoo and training toolkit.",
+                    epilog="Mistakes in the input are reported as one line `zhnlp: error: ...` (exit 2); "
+                           "--debug (anywhere on the line) or ZHNLP_DEBUG=1 shows the Python traceback instead.")
+    parser.add_argument("--version", action="version", version=f"zhnlp {__version__}")
+    # main() takes these three from anywhere on the line before parsing; they are listed here for --help and
+    # kept out of the commands' namespaces (SUPPRESS), which some commands turn into configs field by field
+    parser.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help="show tracebacks for errors")
+    parser.add_argument("-q", "--quiet", action="store_true", default=argparse.SUPPRESS,
+                        help="only warnings and errors on stderr")
+    parser.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
+                        help="also debugging messages")
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser, metavar="COMMAND")
+    for name, (help_text, where) in COMMANDS.items():
+        if command in ("*", name):
+            module, function = where.split(":")
+            getattr(importlib.import_module(module), function)(sub)
+        else:
+            sub.add_parser(name, help=help_text, add_help=False)
     return parser
+
+
+_FLAGS = ("--debug", "-q", "--quiet", "-v", "--verbose")
+
+
+class _StderrHandler(logging.StreamHandler):
+    """Writes to whatever ``sys.stderr`` is at the time of each message (tests and tools replace it)."""
+
+    @property
+    def stream(self):
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value):
+        pass
+
+
+def configure_logging(quiet: bool = False, verbose: bool = False) -> None:
+    """Progress and notices of the ``zhnlp`` logger go to stderr as ``zhnlp: message``: INFO and up by
+    default, WARNING and up with ``-q``, everything with ``-v``."""
+    logger = logging.getLogger("zhnlp")
+    if not any(getattr(h, "_zhnlp", False) for h in logger.handlers):
+        handler = _StderrHandler()
+        handler.setFormatter(logging.Formatter("zhnlp: %(message)s"))
+        handler._zhnlp = True
+        logger.addHandler(handler)
+        logger.propagate = False
+    logger.setLevel(logging.WARNING if quiet else logging.DEBUG if verbose else logging.INFO)
 
 
 _PACKAGE = Path(__file__).resolve().parent
@@ -85,10 +143,15 @@ def main(argv: list[str] | None = None) -> int:
     """Run one command; returns the exit status (0, 2 for a user error, 128 + signal for a stop)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv or os.environ.get("ZHNLP_DEBUG", "0") not in ("", "0")
+    # the top-level flags may stand anywhere on the line (after the command's own arguments too)
+    quiet = any(a in ("-q", "--quiet") for a in argv)
+    verbose = any(a in ("-v", "--verbose") for a in argv)
+    rest = [a for a in argv if a not in _FLAGS]
     try:
-        args = build_parser().parse_args([a for a in argv if a != "--debug"])
-    except SystemExit as e:  # a usage mistake (reported, exit 2) or --help (exit 0)
+        args = build_parser(_chosen(rest)).parse_args(rest)
+    except SystemExit as e:  # a usage mistake (reported, exit 2) or --help / --version (exit 0)
         return e.code if isinstance(e.code, int) else 2
+    configure_logging(quiet, verbose)
     from zhnlp.errors import Interrupted
 
     try:

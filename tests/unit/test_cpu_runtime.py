@@ -26,19 +26,39 @@ def test_cuda_devices_map_to_the_cpu_only_inside_the_mode():
 
 
 def test_megatron_rng_tracker_forks_the_cpu_generator():
+    """Inside zhnlp's scope (a forward, a training step) megatron's RNG tracker forks the CPU generator."""
     from megatron.core import tensor_parallel
 
-    zhnlp.distributed.set_seed(7)
-    before = torch.get_rng_state()
-    with tensor_parallel.get_cuda_rng_tracker().fork():
-        inside = torch.rand(4)
-    assert torch.equal(torch.get_rng_state(), before), "the fork must restore the default stream"
-    zhnlp.distributed.set_seed(7)
-    with tensor_parallel.get_cuda_rng_tracker().fork():
-        assert torch.equal(torch.rand(4), inside), "the model-parallel stream is seeded deterministically"
-    # the model-parallel stream differs from the default one (seed + 2718 + tp_rank)
-    zhnlp.distributed.set_seed(7)
-    assert not torch.equal(torch.rand(4), inside)
+    with cpu.scope():
+        zhnlp.distributed.set_seed(7)
+        before = torch.get_rng_state()
+        with tensor_parallel.get_cuda_rng_tracker().fork():
+            inside = torch.rand(4)
+        assert torch.equal(torch.get_rng_state(), before), "the fork must restore the default stream"
+        zhnlp.distributed.set_seed(7)
+        with tensor_parallel.get_cuda_rng_tracker().fork():
+            assert torch.equal(torch.rand(4), inside), "the model-parallel stream is seeded deterministically"
+        # the model-parallel stream differs from the default one (seed + 2718 + tp_rank)
+        zhnlp.distributed.set_seed(7)
+        assert not torch.equal(torch.rand(4), inside)
+
+
+def test_torch_cuda_is_patched_only_inside_the_scope_and_scopes_nest():
+    real = torch.cuda.current_device
+    assert not cpu.active()
+    with cpu.scope():
+        assert torch.cuda.current_device() == torch.device("cpu") and cpu.active()
+        with cpu.device_mode():  # nested: still patched, the mode on top
+            assert torch.zeros(1, device="cuda").device.type == "cpu"
+        assert torch.cuda.current_device() == torch.device("cpu"), "leaving the inner scope keeps the outer one"
+        assert torch.ones(1).cuda().device.type == "cpu"
+    assert torch.cuda.current_device is real and not cpu.active()
+    assert "cuda" not in torch.Tensor.__dict__, "Tensor.cuda is torch's own again"
+    with pytest.raises((RuntimeError, AssertionError)):
+        torch.cuda.get_rng_state()
+    with pytest.raises(ValueError, match="boom"), cpu.scope():  # an error inside still restores torch
+        raise ValueError("boom")
+    assert torch.cuda.current_device is real
 
 
 def _function(module: str):

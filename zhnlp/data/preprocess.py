@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import multiprocessing as mp
 import os
 import re
@@ -395,7 +396,6 @@ def add_cli(subparsers) -> None:
     p.add_argument("--no-masking", action="store_true", help="skip whole-word units (no jieba)")
     p.add_argument("--entities-field", help="jsonl field of entity spans to mask as units (ERNIE entity masking)")
     p.add_argument("--phrases", type=input_file, help="file of phrases, one per line, to mask as units (ERNIE phrase masking)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.add_argument("--overwrite", action="store_true", help="replace a corpus already at --output")
     p.set_defaults(func=_run_cli)
 
@@ -411,7 +411,8 @@ def _run_cli(args) -> int:
         phrases = [p.strip() for p in text.splitlines() if p.strip()]
     report = preprocess(args.input, args.output, args.tokenizer, fmt=args.format, field_name=args.field,
                         workers=args.workers, on_error=args.on_error, masking=not args.no_masking,
-                        entities_field=args.entities_field, phrases=phrases, progress=not args.quiet,
+                        entities_field=args.entities_field, phrases=phrases,
+                        progress=logging.getLogger("zhnlp").isEnabledFor(logging.INFO),  # -q: no bar
                         overwrite=args.overwrite)
     print(report.summary())
     print(f"wrote {args.output}.bin/.idx, {args.output}_units.bin/.idx, {args.output}.json")

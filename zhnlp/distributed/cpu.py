@@ -1,47 +1,59 @@
-"""CPU/gloo compatibility layer for megatron-core.
+"""CPU/gloo compatibility layer for megatron-core, switched on only around zhnlp's calls into megatron.
 
 megatron-core 0.16 is written for CUDA: it allocates with ``device="cuda"`` or
 ``device=torch.cuda.current_device()``, seeds and forks the CUDA RNG, compares
 ``Tensor.type()`` with ``'torch.cuda.FloatTensor'`` and calls ``Tensor.cuda()``.
 On a machine without CUDA this module makes those calls land on the CPU so that
 the *real* megatron-core code (schedules, tensor-parallel layers, optimizers)
-runs unchanged with the gloo backend.
+runs unchanged with the gloo backend. With CUDA every function here is a no-op.
 
-It is only ever installed when ``torch.cuda.is_available()`` is False.  Its side
-effects are process-global and are listed here on purpose:
+Nothing happens at import. A few things are done for megatron itself, once, the first time zhnlp
+needs megatron (:func:`prepare`); they change megatron's behaviour, never what ``torch`` or
+``torch.cuda`` report to other code:
 
-* ``torch.cuda.current_device()`` returns ``torch.device("cpu")``;
-  ``torch.cuda.set_device``, ``synchronize`` and the NVTX range calls become no-ops.
-* The "CUDA" random generator *is* the CPU default generator: ``torch.cuda.manual_seed``,
-  ``get_rng_state``/``set_rng_state`` and megatron's ``_get/_set_cuda_rng_state`` act on it.
-  megatron's RNG tracker therefore forks the CPU generator exactly as it forks the CUDA one
-  on a GPU, so dropout under tensor parallelism and recompute replay behave as on a GPU.
-  (The tracker's "CPU RNG state changed within GPU RNG context" warning is expected and
-  filtered for that reason.)
-* megatron's ``jit_fuser`` (``torch.compile``) is made eager while megatron is imported:
-  compiling its small fused kernels costs seconds per process on CPU and gains nothing.
-* The gradient norm of megatron's optimizers (reported, and used for clipping) is summed in
-  float64 instead of by megatron's no-apex fallback (see :func:`_l2_norm`).
-* Inside :func:`device_mode` (zhnlp enters it around its calls into megatron: model
-  construction, process-group setup, pipeline schedules, the trainer's step), a
-  ``TorchFunctionMode`` maps every CUDA device argument (``"cuda"``, ``"cuda:0"``,
-  ``torch.device("cuda")``, a bare GPU index) to the CPU and makes ``Tensor.type()``
-  report ``torch.cuda.*`` names for CPU tensors. It is scoped, not process-wide, so other
-  libraries in the process never see it and the model's own forward pays nothing for it.
-  The autograd engine runs custom ``Function.backward`` methods with the mode stack
-  cleared, so the backwards of megatron's own Functions (communication ops, activation
-  recompute) re-enter it; other libraries' Functions are left alone.
+* megatron is imported with its ``jit_fuser`` (``torch.compile``) made eager: compiling its small
+  fused kernels costs seconds per process on CPU and gains nothing;
+* megatron's ``_get/_set_cuda_rng_state`` act on the CPU generator, so its RNG tracker forks the
+  CPU generator exactly as it forks the CUDA one on a GPU (dropout under tensor parallelism and
+  recompute replay behave as on a GPU; the tracker's "CPU RNG state changed within GPU RNG
+  context" warning is expected and filtered for that reason);
+* the gradient norm of megatron's optimizers (reported, and used for clipping) is summed in
+  float64 instead of by megatron's no-apex fallback (see :func:`_l2_norm`);
+* the backwards of megatron's own autograd Functions (communication ops, activation recompute)
+  run inside :func:`device_mode`: the autograd engine calls them with the mode stack cleared,
+  possibly after zhnlp's call has returned (a user's ``loss.backward()``). Other libraries'
+  Functions are left alone.
+
+Everything that changes torch's own behaviour is scoped, and undone when the outermost scope ends:
+
+* :func:`scope` (zhnlp enters it around a model's forward and save): ``torch.cuda.current_device()``
+  returns ``torch.device("cpu")``; ``set_device``, ``synchronize`` and the NVTX range calls are
+  no-ops; the "CUDA" random generator *is* the CPU default generator (``torch.cuda.manual_seed``,
+  ``get_rng_state``/``set_rng_state``); ``Tensor.cuda()`` returns the tensor itself.
+* :func:`device_mode` (around model construction, process-group setup, pipeline schedules, the
+  trainer's step, checkpoint I/O): :func:`scope` plus a ``TorchFunctionMode`` that maps every CUDA
+  device argument (``"cuda"``, ``"cuda:0"``, ``torch.device("cuda")``, a bare GPU index) to the CPU
+  and makes ``Tensor.type()`` report ``torch.cuda.*`` names for CPU tensors. The forward of a
+  model pays nothing for the mode, because it only runs in :func:`scope`.
+
+Outside these scopes ``torch.cuda`` reports what it always does (``is_available()`` False,
+``current_device()`` raising). The patches are process-global while a scope is open: another
+thread of the same process sees them for that time.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import threading
 
 import torch
 from torch.overrides import TorchFunctionMode
 
-_INSTALLED = False
+_PREPARED = False
+_DEPTH = 0  # open scopes (scope() and device_mode() nest)
+_LOCK = threading.RLock()
+_SAVED: dict = {}
 
 
 def _to_cpu_device(device):
@@ -111,38 +123,53 @@ class _DropTrackerWarning(logging.Filter):
         return "CPU RNG state changed within GPU RNG context" not in record.getMessage()
 
 
-def install() -> None:
-    """Patch torch.cuda and megatron-core for CPU execution. Idempotent; no-op with CUDA."""
-    global _INSTALLED
-    if _INSTALLED or torch.cuda.is_available():
-        return
-    _INSTALLED = True
-
+def _patches() -> dict:
+    """``(owner, attribute) -> replacement`` for the scoped torch.cuda patches."""
     cpu = torch.device("cpu")
-    torch.cuda.current_device = lambda: cpu
-    torch.cuda.set_device = lambda *_a, **_k: None
-    torch.cuda.synchronize = lambda *_a, **_k: None
-    # torch.manual_seed itself calls torch.cuda.manual_seed_all, so seed the generator directly.
-    torch.cuda.manual_seed = lambda seed: torch.default_generator.manual_seed(int(seed))
-    torch.cuda.get_rng_state = lambda device="cuda": torch.get_rng_state()
-    torch.cuda.set_rng_state = lambda state, device="cuda": torch.set_rng_state(state)
-    torch.cuda.random.get_rng_state = torch.cuda.get_rng_state
-    torch.cuda.random.set_rng_state = torch.cuda.set_rng_state
-    torch.cuda.nvtx.range_push = lambda *_a, **_k: None
-    torch.cuda.nvtx.range_pop = lambda *_a, **_k: None
-    torch.Tensor.cuda = _tensor_cuda
 
-    # Custom autograd Functions run their backward with the mode stack cleared; megatron's
-    # communication ops and checkpoint replay allocate with CUDA devices there.
+    def get_state(device="cuda"):
+        return torch.get_rng_state()
+
+    def set_state(state, device="cuda"):
+        torch.set_rng_state(state)
+
+    return {
+        (torch.cuda, "current_device"): lambda: cpu,
+        (torch.cuda, "set_device"): lambda *_a, **_k: None,
+        (torch.cuda, "synchronize"): lambda *_a, **_k: None,
+        # torch.manual_seed itself calls torch.cuda.manual_seed_all, so seed the generator directly.
+        (torch.cuda, "manual_seed"): lambda seed: torch.default_generator.manual_seed(int(seed)),
+        (torch.cuda, "get_rng_state"): get_state,
+        (torch.cuda, "set_rng_state"): set_state,
+        (torch.cuda.random, "get_rng_state"): get_state,
+        (torch.cuda.random, "set_rng_state"): set_state,
+        (torch.cuda.nvtx, "range_push"): lambda *_a, **_k: None,
+        (torch.cuda.nvtx, "range_pop"): lambda *_a, **_k: None,
+        (torch.Tensor, "cuda"): _tensor_cuda,
+    }
+
+
+def prepare() -> None:
+    """Import megatron-core and adapt it for the CPU (see the module docstring). Idempotent; a no-op
+    with CUDA. Changes megatron's behaviour only, never what torch reports to other code."""
+    global _PREPARED
+    if _PREPARED or torch.cuda.is_available():
+        return
+    with _LOCK:
+        if _PREPARED:
+            return
+        _prepare_megatron()
+        _PREPARED = True
+
+
+def _prepare_megatron() -> None:
     backward_apply = torch.autograd.function.BackwardCFunction.apply
 
     def apply_in_mode(self, *args):
         if not self._forward_cls.__module__.startswith("megatron."):
             return backward_apply(self, *args)
-        with _CudaToCpuMode():
+        with device_mode():
             return backward_apply(self, *args)
-
-    torch.autograd.function.BackwardCFunction.apply = apply_in_mode
 
     with _eager_torch_compile():
         import megatron.core.jit  # noqa: F401  (binds jit_fuser to the eager stub)
@@ -161,18 +188,60 @@ def install() -> None:
     logging.getLogger(mrandom.__name__).addFilter(_DropTrackerWarning())
     if mclip.l2_norm_impl is local_multi_tensor_l2_norm:  # apex's or TE's kernel, where present, is accurate
         mclip.l2_norm_impl = _l2_norm
+    # Custom autograd Functions run their backward with the mode stack cleared; megatron's
+    # communication ops and checkpoint replay allocate with CUDA devices there.
+    torch.autograd.function.BackwardCFunction.apply = apply_in_mode
+
+
+@contextlib.contextmanager
+def scope():
+    """Let megatron's ``torch.cuda`` calls land on the CPU until the outermost scope ends (a no-op with CUDA).
+
+    Cheap to enter (a few attribute swaps); zhnlp wraps a model's forward in it."""
+    global _DEPTH
+    if torch.cuda.is_available():
+        yield
+        return
+    prepare()
+    with _LOCK:
+        if _DEPTH == 0:
+            for (owner, name), replacement in _patches().items():
+                _SAVED[(owner, name)] = owner.__dict__.get(name, _MISSING)
+                setattr(owner, name, replacement)
+        _DEPTH += 1
+    try:
+        yield
+    finally:
+        with _LOCK:
+            _DEPTH -= 1
+            if _DEPTH == 0:
+                for (owner, name), original in _SAVED.items():
+                    if original is _MISSING:
+                        delattr(owner, name)
+                    else:
+                        setattr(owner, name, original)
+                _SAVED.clear()
+
+
+_MISSING = object()
 
 
 @contextlib.contextmanager
 def device_mode():
-    """Run megatron code that assumes CUDA on the CPU (a no-op where CUDA is present)."""
-    if not _INSTALLED:
+    """Run megatron code that assumes CUDA on the CPU: :func:`scope` plus the device-mapping mode
+    (a no-op where CUDA is present)."""
+    if torch.cuda.is_available():
         yield
         return
-    with _CudaToCpuMode():
+    with scope(), _CudaToCpuMode():
         yield
 
 
 def installed() -> bool:
-    """True when the compatibility layer is in place (no CUDA in this process)."""
-    return _INSTALLED
+    """True when megatron has been adapted for the CPU in this process (no CUDA, and zhnlp has used megatron)."""
+    return _PREPARED
+
+
+def active() -> bool:
+    """True inside :func:`scope` / :func:`device_mode`: ``torch.cuda`` is redirected to the CPU right now."""
+    return _DEPTH > 0

@@ -151,7 +151,7 @@ def ensure_world(timeout_minutes: float = 10.0) -> str:
     """Initialise torch.distributed (not megatron's groups) if it is not yet; returns the backend."""
     backend = "nccl" if torch.cuda.is_available() else "gloo"
     if backend == "gloo":
-        cpu.install()
+        cpu.prepare()
     _init_world(backend, datetime.timedelta(minutes=timeout_minutes))
     return backend
 
@@ -188,8 +188,9 @@ def set_seed(seed: int) -> None:
     """Seed torch and megatron's RNG tracker identically on every rank of a layout."""
     from megatron.core import tensor_parallel
 
-    torch.manual_seed(seed)
-    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+    with cpu.scope():  # megatron's tracker seeds "CUDA" generators: the CPU one here
+        torch.manual_seed(seed)
+        tensor_parallel.model_parallel_cuda_manual_seed(seed)
 
 
 def is_initialized() -> bool:

@@ -57,6 +57,11 @@ def refuse_json_object(text: str, task: str, takes: str) -> None:
                          f"pass the text itself, e.g. the value of its 'text' key.")
 
 
+class _DropFreshWeightsNotice(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return "freshly initialised" not in record.getMessage()
+
+
 class Pipeline:
     """Base of the task pipelines; subclasses set the class attributes and implement steps 3 and 5.
 
@@ -88,7 +93,15 @@ class Pipeline:
             raise ValueError(f"max_length must be an integer of at least 8 tokens, got {max_length!r}.")
         self.batch_size = batch_size
         self.options = self._merge_options(options)
-        self.model = self._construct_model(model)
+        # refused below with a fuller message, so from_pretrained's own notice of fresh weights would be a repeat
+        quiet = _DropFreshWeightsNotice() if not allow_untrained else None
+        if quiet:
+            logger.addFilter(quiet)
+        try:
+            self.model = self._construct_model(model)
+        finally:
+            if quiet:
+                logger.removeFilter(quiet)
         name = os.fspath(model if model is not None else self.default_model)
         if not allow_untrained:
             self._refuse_untrained(name)
@@ -140,7 +153,7 @@ class Pipeline:
         # Position ids beyond the table would index out of range inside the model; say so once and cap.
         limit = self.model.config.max_position_embeddings
         if max_length > limit:
-            logger.info("%s: max_length %d capped at the model's max_position_embeddings (%d).",
+            logger.debug("%s: max_length %d capped at the model's max_position_embeddings (%d).",
                         self.task, max_length, limit)
             return limit
         return max_length

@@ -141,6 +141,12 @@ class PretrainedModel(torch.nn.Module):
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, task_type_ids=None,
                 position_ids=None, labels=None, start_positions=None, end_positions=None) -> ModelOutput:
         """Run the model; inputs are batch-first ``(b, s)``. Every rank receives complete outputs."""
+        with cpu.scope():  # megatron's layers ask torch.cuda for their device
+            return self._forward(input_ids, attention_mask, token_type_ids, task_type_ids, position_ids, labels,
+                                 start_positions, end_positions)
+
+    def _forward(self, input_ids, attention_mask, token_type_ids, task_type_ids, position_ids, labels,
+                 start_positions, end_positions) -> ModelOutput:
         dev = distributed.device()
         batch = {k: v.to(dev) for k, v in dict(
             input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
@@ -203,8 +209,11 @@ class PretrainedModel(torch.nn.Module):
         Collective: every rank must call it. Files are written to temporary names and moved
         into place, so an interrupted save leaves an earlier checkpoint in the directory intact.
         """
+        with cpu.device_mode():
+            self._save_pretrained(Path(directory))
+
+    def _save_pretrained(self, directory: Path) -> None:
         lay, bridge = self.layout, self.family.bridge
-        directory = Path(directory)
         if lay.rank == 0:
             directory.mkdir(parents=True, exist_ok=True)
         distributed.barrier()
