@@ -26,7 +26,7 @@ needs megatron (:func:`prepare`); they change megatron's behaviour, never what `
 
 Everything that changes torch's own behaviour is scoped, and undone when the outermost scope ends:
 
-* :func:`scope` (zhnlp enters it around a model's forward and save): ``torch.cuda.current_device()``
+* :func:`scope` (zhnlp enters it around a model's forward and around seeding): ``torch.cuda.current_device()``
   returns ``torch.device("cpu")``; ``set_device``, ``synchronize`` and the NVTX range calls are
   no-ops; the "CUDA" random generator *is* the CPU default generator (``torch.cuda.manual_seed``,
   ``get_rng_state``/``set_rng_state``); ``Tensor.cuda()`` returns the tensor itself.
@@ -53,7 +53,9 @@ from torch.overrides import TorchFunctionMode
 _PREPARED = False
 _DEPTH = 0  # open scopes (scope() and device_mode() nest)
 _LOCK = threading.RLock()
-_SAVED: dict = {}
+_SAVED: dict = {}  # (owner, attribute) -> torch's own value while a scope is open
+_MISSING = object()  # the attribute was inherited (Tensor.cuda): delete it again on exit
+_PATCHES: dict = {}  # built once, on the first scope
 
 
 def _to_cpu_device(device):
@@ -205,7 +207,9 @@ def scope():
     prepare()
     with _LOCK:
         if _DEPTH == 0:
-            for (owner, name), replacement in _patches().items():
+            if not _PATCHES:
+                _PATCHES.update(_patches())
+            for (owner, name), replacement in _PATCHES.items():
                 _SAVED[(owner, name)] = owner.__dict__.get(name, _MISSING)
                 setattr(owner, name, replacement)
         _DEPTH += 1
@@ -221,9 +225,6 @@ def scope():
                     else:
                         setattr(owner, name, original)
                 _SAVED.clear()
-
-
-_MISSING = object()
 
 
 @contextlib.contextmanager
