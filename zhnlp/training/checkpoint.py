@@ -339,6 +339,9 @@ def save(trainer, keep: int = 3) -> Path:
                                                                          "vpp": lay.vpp},
                 "distributed_optimizer": distopt, "recipe": trainer.cfg.recipe, "model": trainer.cfg.model,
                 "tokenizer": trainer.tokenizer_name}
+        extra = getattr(trainer, "checkpoint_state", None)
+        if extra is not None:  # the caller's own state (fine-tuning: evaluations, best model, callbacks)
+            info["state"] = extra()
         (work / "trainer.json").write_text(json.dumps(info, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     distributed.barrier()
     if dist.get_rank() == 0:  # the one step that makes the checkpoint count
@@ -351,6 +354,7 @@ def save(trainer, keep: int = 3) -> Path:
         for stale in root.glob("*.incomplete"):
             shutil.rmtree(stale, ignore_errors=True)
     distributed.barrier()
+    trainer.last_checkpoint = (trainer.step, final)
     return final
 
 
@@ -433,6 +437,7 @@ def load(trainer, path: Path) -> None:
                       "model resumes, the optimizer starts fresh.", flush=True)
     trainer.scheduler.load_state_dict(info["scheduler"])
     trainer.step = info["step"]
+    trainer.resumed_state = info.get("state")  # what checkpoint_state() returned when it was saved
     rng = path / "rng" / f"rank_{dist.get_rank():05d}.safetensors"
     if same_layout and rng.is_file():
         with unreadable_as_checkpoint_error(path):

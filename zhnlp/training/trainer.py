@@ -224,9 +224,14 @@ class Trainer:
                 "tokens_per_s": tokens / elapsed, "mfu": self._flops(tokens, seq) / elapsed / self._peak(),
                 "max_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
 
-    def train(self, steps: int | None = None) -> list[dict]:
+    def train(self, steps: int | None = None, after_step=None) -> list[dict]:
         """Train to ``steps`` (default: the config's). On the logging rank: OUTPUT/metrics.jsonl,
         TensorBoard events in OUTPUT/tensorboard and a progress bar with ETA.
+
+        ``after_step(metrics) -> bool`` (collective: every rank calls it after every step, after
+        logging and before the step's checkpoint, so that a checkpoint holds what it did) lets a
+        caller evaluate, save or stop: True ends the loop after this step (the return value is then
+        the history so far). Fine-tuning evaluates and stops early through it.
 
         With ``checkpoint.resume`` the newest loadable checkpoint under OUTPUT/checkpoints is
         loaded first (damaged newer ones are named and passed over); with
@@ -257,13 +262,20 @@ class Trainer:
                 history.append(m)
                 if m["step"] % self.cfg.logging.log_interval == 0:
                     monitor.log(m)
-                saved = None
+                done = bool(after_step(m)) if after_step is not None else False
                 if ck.save_interval and self.step % ck.save_interval == 0:
-                    saved = checkpoint.save(self, keep=ck.keep)
+                    checkpoint.save(self, keep=ck.keep)
                 signum = stop.agreed()  # every rank, every step: all stop after the same one
                 if signum:
-                    self._stop(signum, saved, history)
+                    self._stop(signum, self._saved_now(), history)
+                if done:
+                    break
         return history
+
+    def _saved_now(self):
+        """The checkpoint written at the current step (by the loop or by ``after_step``), or None."""
+        step, path = getattr(self, "last_checkpoint", (None, None))
+        return path if step == self.step else None
 
     def _flops(self, tokens: int, s: int) -> float:
         """Model FLOPs of one step at sequence length ``s``: 6 x (matmul parameters) x tokens, plus

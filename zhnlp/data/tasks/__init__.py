@@ -8,7 +8,9 @@
 
 Every reader reports bad data as one :class:`~zhnlp.errors.DataError` listing up to :data:`MAX_REPORTED`
 problems as ``FILE:LINE: problem; fix`` with the total count, so a user fixes a file in one pass rather than
-one error per run. :func:`collate` turns a list of feature dicts into a padded batch of int64 tensors.
+one error per run. :func:`collate` turns a list of feature dicts into a padded batch of int64 tensors (with
+transformers' padding collators). :mod:`~zhnlp.data.tasks.hf` reads ``datasets`` objects, saved datasets and
+local files through ``datasets``.
 """
 
 from __future__ import annotations
@@ -60,38 +62,79 @@ def _as_dict(feature: Any) -> Mapping:
     return feature.as_inputs() if hasattr(feature, "as_inputs") else feature
 
 
-def collate(features: list, pad_to: int | None = None, pad_token_id: int = 0) -> dict[str, torch.Tensor]:
-    """Pad a list of features into a batch of int64 tensors.
+def collate(features: list, pad_to: int | None = None, pad_token_id: int | None = None,
+            tokenizer=None) -> dict[str, torch.Tensor]:
+    """Pad a list of features into a batch of int64 tensors with transformers' collators
+    (``DataCollatorWithPadding``; ``DataCollatorForTokenClassification`` when ``labels`` are per token).
 
     Each feature is a dict of Python lists/ints (or an :class:`~zhnlp.data.tasks.mrc.MRCFeature`, taken through
-    its ``as_inputs()``): ``input_ids`` (padded with ``pad_token_id``), ``token_type_ids`` and ``attention_mask``
-    (padded with 0), and optionally ``labels`` -- an int per feature (classification, shape ``(B,)``) or a list
-    per token (tagging, padded with -100, shape ``(B, T)``) -- and ``start_positions``/``end_positions`` (ints,
-    shape ``(B,)``). Sequences are padded to the longest in the batch, or to ``pad_to`` (an error if a feature is
-    longer). Other keys (``example_index``, ``word_ids``, ...) are bookkeeping for decoding and are left out.
+    its ``as_inputs()``): ``input_ids`` (padded with ``pad_token_id``, default the ``tokenizer``'s or 0),
+    ``token_type_ids`` and ``attention_mask`` (padded with 0), and optionally ``labels`` -- an int per feature
+    (classification, shape ``(B,)``) or a list per token (tagging, padded with -100, shape ``(B, T)``) -- and
+    ``start_positions``/``end_positions`` (ints, shape ``(B,)``). Sequences are padded on the right to the longest
+    in the batch, or to ``pad_to`` (an error if a feature is longer). Other keys (``example_index``,
+    ``word_ids``, ...) are bookkeeping for decoding and are left out.
     """
     if not features:
         raise ValueError("collate() got an empty list of features")
+    if pad_token_id is None:
+        pad_token_id = getattr(tokenizer, "pad_token_id", None) or 0
     rows = [_as_dict(f) for f in features]
     longest = max(len(r["input_ids"]) for r in rows)
     if pad_to is not None and pad_to < longest:
         raise ValueError(f"pad_to={pad_to} is shorter than the longest feature ({longest} tokens); "
                          f"raise pad_to or encode with a smaller max_length")
-    width = pad_to if pad_to is not None else longest
-    batch: dict[str, torch.Tensor] = {}
-    keys = [k for k in _SEQUENCE_KEYS if k in rows[0]]
-    if "labels" in rows[0] and not isinstance(rows[0]["labels"], int):
-        keys.append("labels")
-    for key in keys:
-        pad = {"labels": IGNORE_INDEX}.get(key, _SEQUENCE_KEYS.get(key))
-        pad = pad_token_id if pad is None else pad
-        batch[key] = torch.tensor([_padded(r, key, width, pad, i) for i, r in enumerate(rows)], dtype=torch.long)
-    scalars = [k for k in _SCALAR_KEYS if k in rows[0]]
-    if "labels" in rows[0] and isinstance(rows[0]["labels"], int):
-        scalars.insert(0, "labels")
-    for key in scalars:
-        batch[key] = torch.tensor([_field(r, key, i) for i, r in enumerate(rows)], dtype=torch.long)
-    return batch
+    keys = [k for k in (*_SEQUENCE_KEYS, "labels", *_SCALAR_KEYS) if k in rows[0]]
+    per_token = "labels" in rows[0] and not isinstance(rows[0]["labels"], int)
+    for i, r in enumerate(rows):
+        for key in keys:
+            value = _field(r, key, i)
+            if key in _SEQUENCE_KEYS or (key == "labels" and per_token):
+                if len(value) != len(r["input_ids"]):
+                    raise ValueError(f"feature {i}: {key} has {len(value)} entries but input_ids has "
+                                     f"{len(r['input_ids'])}")
+    collator = _collator(pad_token_id, per_token, pad_to)
+    batch = collator([{k: r[k] for k in keys} for r in rows])
+    return {k: batch[k].long() for k in keys}
+
+
+_COLLATORS: dict = {}
+
+
+def _collator(pad_token_id: int, per_token: bool, pad_to: int | None):
+    """transformers' padding collator for ``pad_token_id`` (cached): right padding to the longest feature
+    or to ``pad_to``, per-token labels with -100."""
+    key = (pad_token_id, per_token, pad_to)
+    if key not in _COLLATORS:
+        from transformers import DataCollatorForTokenClassification, DataCollatorWithPadding
+
+        padding = dict(padding="max_length", max_length=pad_to) if pad_to is not None else dict(padding="longest")
+        if per_token:
+            made = DataCollatorForTokenClassification(_padder(pad_token_id), label_pad_token_id=IGNORE_INDEX,
+                                                      return_tensors="pt", **padding)
+        else:
+            made = DataCollatorWithPadding(_padder(pad_token_id), return_tensors="pt", **padding)
+        if len(_COLLATORS) > 64:
+            _COLLATORS.clear()
+        _COLLATORS[key] = made
+    return _COLLATORS[key]
+
+
+def _padder(pad_token_id: int):
+    """A tokenizer that only pads (right side, ``pad_token_id``): what transformers' collators call ``pad`` on.
+    Padding needs no vocabulary, so the collators work the same whatever tokenizer encoded the features."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    unk = pad_token_id + 1
+    tok = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(WordLevel({"[PAD]": pad_token_id, "[UNK]": unk},
+                                                                       unk_token="[UNK]")),
+                                  pad_token="[PAD]", unk_token="[UNK]", padding_side="right",
+                                  model_input_names=["input_ids", "token_type_ids", "attention_mask"])
+    if tok.pad_token_id != pad_token_id:
+        raise RuntimeError(f"the padding tokenizer pads with {tok.pad_token_id}, not {pad_token_id}")
+    return tok
 
 
 def _field(row: Mapping, key: str, index: int) -> Any:
@@ -99,13 +142,6 @@ def _field(row: Mapping, key: str, index: int) -> Any:
         raise ValueError(f"feature {index} has no {key!r} while feature 0 has one; "
                          f"do not mix labelled and unlabelled features in one batch")
     return row[key]
-
-
-def _padded(row: Mapping, key: str, width: int, pad: int, index: int) -> list[int]:
-    values = list(_field(row, key, index))
-    if len(values) != len(row["input_ids"]):
-        raise ValueError(f"feature {index}: {key} has {len(values)} entries but input_ids has {len(row['input_ids'])}")
-    return values + [pad] * (width - len(values))
 
 
 def first_line(lines: Iterable[str]) -> str:

@@ -1,12 +1,15 @@
 """Text classification data: single texts or text pairs with a label.
 
-Two file formats, told apart by the first non-blank line (``{`` starts JSON lines):
+File formats, told apart by the first non-blank line (``{`` starts JSON lines) and the suffix (``.csv``):
 
 * JSON lines: ``{"text": ..., "label": ...}`` or ``{"text_a": ..., "text_b": ..., "label": ...}`` (``text`` is an
   alias of ``text_a``); the label is an int or a string and may be absent in unlabelled prediction files.
   Other keys (``id``, ``qid``, ...) are ignored.
 * TSV (ChnSentiCorp / CLUE style): a header line naming the columns, e.g. ``label<TAB>text_a``,
   ``qid<TAB>label<TAB>text_a`` or ``text_a<TAB>text_b<TAB>label``; no quoting, a tab never occurs inside a field.
+* CSV (``.csv``): the same columns, comma-separated with standard CSV quoting.
+
+In-memory rows (a ``datasets.Dataset``, a list of dicts) go through :func:`classification_from_rows`.
 
 Labels are strings throughout (``1`` and ``"1"`` are the same label); :func:`encode_classification` maps them
 to indices in the label list.
@@ -53,25 +56,61 @@ def read_classification(path, label_list: list[str] | None = None) -> tuple[list
     problems = Problems()
     if first_line(lines).lstrip().startswith("{"):
         examples = _read_jsonl(path, lines, problems)
+    elif path.suffix.lower() == ".csv":
+        examples = _read_csv(path, lines, problems)
     else:
         examples = _read_tsv(path, lines, problems)
+    return _finish(examples, problems, label_list, str(path), lambda e: f"{path}:{e.line}")
+
+
+def _finish(examples: list[TextExample], problems: Problems, label_list, name: str, where,
+            found_order: list[str] | None = None) -> tuple[list[TextExample], list[str]]:
+    """The checks across examples (labels on all or none, labels inside ``label_list``), then the label list."""
     labelled = [e for e in examples if e.label is not None]
     if labelled and len(labelled) < len(examples):
         for e in examples:
             if e.label is None:
-                problems.add(f"{path}:{e.line}", "no label, while other lines have one; "
-                                                  "give every line a label, or none for a prediction file")
+                problems.add(where(e), "no label, while other lines have one; "
+                                       "give every line a label, or none for a prediction file")
     if label_list is not None:
         allowed = set(label_list)
         for e in labelled:
             if e.label not in allowed:
-                problems.add(f"{path}:{e.line}", f"label {e.label!r} is not in the label set {list(label_list)}; "
-                                                  f"fix the label or pass a label_list that includes it")
-    problems.raise_if_any(f"cannot read {path}")
+                problems.add(where(e), f"label {e.label!r} is not in the label set {list(label_list)}; "
+                                       f"fix the label or pass a label_list that includes it")
+    problems.raise_if_any(f"cannot read {name}")
     if not examples:
-        raise DataError(f"{path} holds no examples; check that it is the right file")
-    labels = list(label_list) if label_list is not None else sorted({e.label for e in labelled}, key=_label_key)
+        raise DataError(f"{name} holds no examples; check that it is the right file")
+    if label_list is not None:
+        labels = list(label_list)
+    elif found_order is not None:  # a datasets ClassLabel: its names, in its order
+        labels = list(found_order)
+    else:
+        labels = sorted({e.label for e in labelled}, key=_label_key)
     return examples, labels
+
+
+ROW_ALIASES = {"sentence": "text_a", "sentence1": "text_a", "sentence2": "text_b"}  # GLUE/CLUE column names
+
+
+def classification_from_rows(rows, label_list: list[str] | None = None, name: str = "the dataset",
+                             label_names: list[str] | None = None) -> tuple[list[TextExample], list[str]]:
+    """The examples of in-memory rows (dicts with ``text``/``text_a`` [+ ``text_b``] and ``label``; a
+    ``datasets.Dataset`` iterates as such rows), checked as :func:`read_classification` checks a file;
+    problems name ``NAME row I`` (0-based, as ``dataset[i]``). ``label_names``: a ClassLabel's names,
+    which integer labels stand for and which give the label order."""
+    problems = Problems()
+    examples = []
+    for index, raw in enumerate(rows):
+        row = {ROW_ALIASES.get(k, k): v for k, v in raw.items() if v is not None}
+        if label_names is not None and isinstance(row.get("label"), int) and 0 <= row["label"] < len(label_names):
+            row["label"] = label_names[row["label"]]
+        example, problem = _row_example(row, index + 1)
+        if problem is not None:
+            problems.add(f"{name} row {index}", problem)
+        else:
+            examples.append(example)
+    return _finish(examples, problems, label_list, name, lambda e: f"{name} row {e.line - 1}", label_names)
 
 
 def _text_field(value, name: str) -> tuple[str | None, str | None]:
@@ -86,24 +125,59 @@ def _text_field(value, name: str) -> tuple[str | None, str | None]:
 def _read_jsonl(path: Path, lines: list[str], problems: Problems) -> list[TextExample]:
     examples = []
     for number, where, row in jsonl_objects(path, lines, problems, '{"text": "...", "label": 1}'):
-        if "text" in row and "text_a" in row:
-            problems.add(where, "has both 'text' and 'text_a' (aliases); keep one of them")
-            continue
-        key = "text" if "text" in row else "text_a"
-        if key not in row:
-            problems.add(where, "missing field 'text' (or 'text_a'); add the text to classify")
-            continue
-        text_a, problem = _text_field(row[key], key)
-        text_b = None
-        if problem is None and row.get("text_b") is not None:
-            text_b, problem = _text_field(row["text_b"], "text_b")
-        label = None
-        if problem is None and row.get("label") is not None:
-            label, problem = _label(row["label"])
+        example, problem = _row_example(row, number)
         if problem is not None:
             problems.add(where, problem)
+        else:
+            examples.append(example)
+    return examples
+
+
+def _row_example(row: dict, number: int) -> tuple[TextExample | None, str | None]:
+    """(example, None) for a valid row (a JSON line, a dataset row), else (None, what is wrong)."""
+    if "text" in row and "text_a" in row:
+        return None, "has both 'text' and 'text_a' (aliases); keep one of them"
+    key = "text" if "text" in row else "text_a"
+    if key not in row:
+        return None, "missing field 'text' (or 'text_a'); add the text to classify"
+    text_a, problem = _text_field(row[key], key)
+    text_b = None
+    if problem is None and row.get("text_b") is not None:
+        text_b, problem = _text_field(row["text_b"], "text_b")
+    label = None
+    if problem is None and row.get("label") is not None:
+        label, problem = _label(row["label"])
+    if problem is not None:
+        return None, problem
+    return TextExample(text_a, text_b, label, number), None
+
+
+def _read_csv(path: Path, lines: list[str], problems: Problems) -> list[TextExample]:
+    """Comma-separated values with a header (standard CSV quoting), the columns of the TSV format."""
+    import csv
+
+    reader = csv.DictReader(line + "\n" for line in lines)
+    header = [c.strip() for c in reader.fieldnames or []]
+    if not any(c in header for c in TEXT_COLUMNS):
+        raise DataError(f"{path}:1: the header {header} names no text column; fix: a header line such as "
+                        f"'label,text' or 'text_a,text_b,label' (known columns: {sorted(KNOWN_COLUMNS)})")
+    examples = []
+    for raw in reader:
+        number = reader.line_num
+        if None in raw or None in raw.values():
+            problems.add(f"{path}:{number}", f"wrong column count: the header has {len(header)} columns "
+                                             f"({','.join(header)}); fix the commas or quote the field")
             continue
-        examples.append(TextExample(text_a, text_b, label, number))
+        row = {k.strip(): v for k, v in raw.items()}
+        if not any(v.strip() for v in row.values()):
+            continue
+        if "label" in row:
+            row["label"] = row["label"].strip()
+        example, problem = _row_example(row, number)
+        if problem is not None:
+            problems.add(f"{path}:{number}", problem)
+        else:
+            examples.append(example)
     return examples
 
 

@@ -54,16 +54,42 @@ def read_ner(path) -> list[NERExample]:
         examples = _read_jsonl(path, lines, problems)
     else:
         examples = _read_conll(path, lines, problems)
+    return _finish(examples, problems, str(path), lambda e: f"{path}:{e.line}")
+
+
+def _finish(examples: list[NERExample], problems: Problems, name: str, where) -> list[NERExample]:
     tagged = sum(e.tags is not None for e in examples)
     if 0 < tagged < len(examples):
         for e in examples:
             if e.tags is None:
-                problems.add(f"{path}:{e.line}", "no 'tags', while other sentences have them; tag every sentence, "
-                                                  "or none for a file to predict on")
-    problems.raise_if_any(f"cannot read {path}")
+                problems.add(where(e), "no 'tags', while other sentences have them; tag every sentence, "
+                                       "or none for a file to predict on")
+    problems.raise_if_any(f"cannot read {name}")
     if not examples:
-        raise DataError(f"{path} holds no sentences; check that it is the right file")
+        raise DataError(f"{name} holds no sentences; check that it is the right file")
     return examples
+
+
+def ner_from_rows(rows, name: str = "the dataset", tag_names: list[str] | None = None) -> list[NERExample]:
+    """The sentences of in-memory rows (dicts with ``tokens`` and ``tags``, or ``ner_tags`` as in the Hugging
+    Face hub's NER datasets; a ``datasets.Dataset`` iterates as such rows), checked as :func:`read_ner` checks
+    a JSON-lines file; problems name ``NAME row I`` (0-based). ``tag_names``: the names integer tags stand
+    for (a ``Sequence(ClassLabel)`` column's names)."""
+    problems = Problems()
+    examples = []
+    for index, raw in enumerate(rows):
+        row = {k: v for k, v in raw.items() if v is not None}
+        if "tags" not in row and "ner_tags" in row:
+            row["tags"] = row.pop("ner_tags")
+        tags = row.get("tags")
+        if tag_names is not None and isinstance(tags, list) and all(isinstance(t, int) for t in tags):
+            row["tags"] = [tag_names[t] if 0 <= t < len(tag_names) else t for t in tags]
+        example, problem = _row_example(row, index + 1)
+        if problem is not None:
+            problems.add(f"{name} row {index}", problem)
+        else:
+            examples.append(example)
+    return _finish(examples, problems, name, lambda e: f"{name} row {e.line - 1}")
 
 
 def _bad_tags(tags: list[str]) -> list[str]:
@@ -74,25 +100,29 @@ def _read_jsonl(path: Path, lines: list[str], problems: Problems) -> list[NERExa
     examples = []
     example = '{"tokens": ["北", "京"], "tags": ["B-LOC", "I-LOC"]}'
     for number, where, row in jsonl_objects(path, lines, problems, example):
-        tokens = row.get("tokens")
-        if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) and t for t in tokens):
-            problems.add(where, "missing or empty 'tokens'; give a non-empty list of non-empty strings")
-            continue
-        tags = row.get("tags")
-        if tags is not None:
-            if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
-                problems.add(where, "'tags' must be a list of strings")
-                continue
-            if len(tags) != len(tokens):
-                problems.add(where, f"length mismatch: {len(tokens)} tokens but {len(tags)} tags; give one tag per "
-                                    f"token")
-                continue
-            bad = _bad_tags(tags)
-            if bad:
-                problems.add(where, f"tag {bad[0]!r} is not a valid tag; {_TAG_HELP}")
-                continue
-        examples.append(NERExample(tokens, tags, number))
+        found, problem = _row_example(row, number)
+        if problem is not None:
+            problems.add(where, problem)
+        else:
+            examples.append(found)
     return examples
+
+
+def _row_example(row: dict, number: int) -> tuple[NERExample | None, str | None]:
+    """(sentence, None) for a valid row (a JSON line, a dataset row), else (None, what is wrong)."""
+    tokens = row.get("tokens")
+    if not isinstance(tokens, list) or not tokens or not all(isinstance(t, str) and t for t in tokens):
+        return None, "missing or empty 'tokens'; give a non-empty list of non-empty strings"
+    tags = row.get("tags")
+    if tags is not None:
+        if not isinstance(tags, list) or not all(isinstance(t, str) for t in tags):
+            return None, "'tags' must be a list of strings"
+        if len(tags) != len(tokens):
+            return None, f"length mismatch: {len(tokens)} tokens but {len(tags)} tags; give one tag per token"
+        bad = _bad_tags(tags)
+        if bad:
+            return None, f"tag {bad[0]!r} is not a valid tag; {_TAG_HELP}"
+    return NERExample(list(tokens), list(tags) if tags is not None else None, number), None
 
 
 def _read_conll(path: Path, lines: list[str], problems: Problems) -> list[NERExample]:
