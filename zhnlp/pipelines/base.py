@@ -85,26 +85,43 @@ class Pipeline:
     # Model outputs kept per feature, and whether each has a sequence dimension to trim the padding from.
     output_names: dict[str, bool] = {}
 
-    def __init__(self, model: str | os.PathLike | None = None, *, tokenizer=None, batch_size: int = 8,
-                 max_length: int = 512, allow_untrained: bool = False, **options):
+    def __init__(self, model=None, *, tokenizer=None, batch_size: int = 8, max_length: int = 512,
+                 allow_untrained: bool = False, device=None, dtype=None, **options):
+        from zhnlp.pipelines.placement import resolve_device, resolve_dtype
+
         if not is_positive_int(batch_size):
             raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}.")
         if not is_positive_int(max_length) or max_length < 8:
             raise ValueError(f"max_length must be an integer of at least 8 tokens, got {max_length!r}.")
         self.batch_size = batch_size
         self.options = self._merge_options(options)
+        device = resolve_device(device)
+        is_object = isinstance(model, torch.nn.Module)
+        dtype = resolve_dtype(dtype, None if is_object else (model if model is not None else self.default_model))
         # refused below with a fuller message, so from_pretrained's own notice of fresh weights would be a repeat
         quiet = _DropFreshWeightsNotice() if not allow_untrained else None
         if quiet:
             logger.addFilter(quiet)
         try:
-            self.model = self._construct_model(model)
+            self.model = (self._model_object(model, dtype) if is_object
+                          else self._construct_model(model, dtype, device))
         finally:
             if quiet:
                 logger.removeFilter(quiet)
-        name = os.fspath(model if model is not None else self.default_model)
+        if device is not None and device != self.device:
+            self.model.to(device)
+        if is_object:
+            name = getattr(model, "name_or_path", None) or f"the {type(model).__name__} object given as model="
+        else:
+            name = os.fspath(model if model is not None else self.default_model)
         if not allow_untrained:
             self._refuse_untrained(name)
+        if is_object and tokenizer is None:
+            tokenizer = getattr(model, "name_or_path", None)
+            if tokenizer is None:
+                raise ValueError(f"the {self.task!r} pipeline was given a model object without name_or_path, so "
+                                 f"it cannot find the model's tokenizer; pass tokenizer= (a tokenizer object or "
+                                 f"the directory it was saved in).")
         self.tokenizer = self._construct_tokenizer(model, tokenizer)
         from zhnlp.tokenizers.auto import check_tokenizer_fits
 
@@ -112,9 +129,25 @@ class Pipeline:
         check_tokenizer_fits(self.tokenizer, self.model.config, os.fspath(where))
         self.max_length = self._cap_max_length(max_length)
 
+    @property
+    def device(self) -> torch.device:
+        """The device the model's parameters are on (inputs are moved there)."""
+        from zhnlp.pipelines.placement import parameters_device
+
+        return parameters_device(self.model)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of the model's parameters."""
+        from zhnlp.pipelines.placement import parameters_dtype
+
+        return parameters_dtype(self.model)
+
     # ------------------------------------------------------------------ steps 1 and 2
-    def _construct_model(self, model):
-        """Step 1: load the model with this task's Auto class, in eval mode."""
+    def _construct_model(self, model, dtype=None, device=None):
+        """Step 1: load the model with this task's Auto class, in eval mode (on ``device`` when given)."""
+        import inspect
+
         import zhnlp.auto
 
         name = model if model is not None else self.default_model
@@ -122,7 +155,31 @@ class Pipeline:
             raise ValueError(f"the {self.task!r} pipeline needs a fine-tuned model: pass its directory (one written by "
                              f"save_pretrained or `zhnlp export`) or hub repo id as model= (--model on the command "
                              f"line).")
-        return getattr(zhnlp.auto, self.auto_class).from_pretrained(name).eval()
+        auto = getattr(zhnlp.auto, self.auto_class)
+        kwargs = {"dtype": dtype} if dtype is not None else {}
+        if device is not None and "device" in inspect.signature(auto.from_pretrained).parameters:
+            kwargs["device"] = device  # built there directly (else moved after loading)
+        return auto.from_pretrained(name, **kwargs).eval()
+
+    def _model_object(self, model, dtype):
+        """Step 1 for an already-built model: a zhnlp model with this task's head, put in eval mode."""
+        import zhnlp.auto
+
+        auto = getattr(zhnlp.auto, self.auto_class)
+        head = getattr(model, "head", None)
+        if head is None or not hasattr(model, "config"):
+            raise TypeError(f"model= is a {type(model).__module__}.{type(model).__name__}; zhnlp pipelines run zhnlp "
+                            f"models: pass zhnlp.{self.auto_class}.from_pretrained(...) or the model's directory "
+                            f"(a transformers model: save_pretrained it and pass that directory).")
+        if head != auto.head:
+            raise ValueError(f"the {self.task!r} pipeline needs a model with the {self.head} "
+                             f"(zhnlp.{self.auto_class}), got one with the {head!r} head.")
+        from zhnlp.pipelines.placement import parameters_dtype
+
+        if dtype is not None and parameters_dtype(model) != dtype:
+            raise ValueError(f"dtype={dtype} was asked but the model object's parameters are "
+                             f"{parameters_dtype(model)}; load it with from_pretrained(..., dtype=...) or drop dtype=.")
+        return model.eval()
 
     def _refuse_untrained(self, name: str) -> None:
         """Refuse a model whose task head was freshly initialised rather than loaded: its outputs are random."""
@@ -180,11 +237,12 @@ class Pipeline:
 
         results: list[dict] = []
         pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else 0
+        device = self.device
         with torch.no_grad():
             for i in range(0, len(features), self.batch_size):
                 chunk = features[i:i + self.batch_size]
                 batch = collate([{k: f[k] for k in MODEL_INPUTS if k in f} for f in chunk], pad_token_id=pad_id)
-                out = self.model(**{k: batch[k] for k in MODEL_INPUTS if k in batch})
+                out = self.model(**{k: batch[k].to(device) for k in MODEL_INPUTS if k in batch})
                 results.extend(self.split_outputs(out, chunk, options))
         return results
 
@@ -205,12 +263,20 @@ class Pipeline:
         if not single and not inputs:
             raise ValueError(f"the {self.task!r} pipeline got an empty list of inputs; pass at least one input "
                              f"(check that the inputs were read).")
-        results = list(self.iter_results([inputs] if single else inputs, **options))
-        return results[0] if single else results
+        merged = self._merge_options(options, base=self.options)
+        results = list(self._results([inputs] if single else inputs, merged))
+        return self.single_result(inputs, results[0], merged) if single else results
+
+    def single_result(self, item, result, options: dict):
+        """What a call with one input (not in a list) returns, given that input's result; tasks where transformers
+        shapes a single input's result differently override this (text classification)."""
+        return result
 
     def iter_results(self, inputs: Iterable, **options) -> Iterator:
         """Results in input order, computed ``batch_size`` inputs at a time (for long streams)."""
-        merged = self._merge_options(options, base=self.options)
+        yield from self._results(inputs, self._merge_options(options, base=self.options))
+
+    def _results(self, inputs: Iterable, merged: dict) -> Iterator:
         chunk: list = []
         for item in inputs:
             chunk.append(self.check_input(item))

@@ -2,8 +2,9 @@
 
 Inputs come from the TEXT arguments, else from ``--input FILE`` (one input per line, ``-`` for stdin), else from
 stdin. For question answering every input is a JSON object ``{"question": ..., "context": ...}`` (jsonl in a
-file); for the other tasks it is the text itself. Blank lines are skipped. Results are printed as they are
-computed, ``--batch-size`` inputs at a time, so a long file streams through.
+file); for the other tasks it is the text itself. Every input line gets one output line, in order: a blank (or
+whitespace-only) line gets ``null``, so output line N always answers input line N. Results are printed as they
+are computed, ``--batch-size`` inputs at a time, so a long file streams through.
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import deque
 from typing import Iterator
 
 from zhnlp.argtypes import Parser, integer, positive
@@ -47,6 +49,9 @@ def add_cli(subparsers) -> None:
     p.add_argument("--input", metavar="FILE", help="read inputs from FILE, one per line ('-': stdin)")
     p.add_argument("--batch-size", type=positive, default=8, help="inputs per forward pass (default 8)")
     p.add_argument("--top-k", type=positive, help="return the k best labels / tokens / answers")
+    p.add_argument("--aggregation-strategy", choices=["none", "simple", "first", "average", "max"],
+                   help="ner: 'none' (default) one result per tagged token; the others group tokens into entities "
+                        "(entity_group) as transformers does")
     p.add_argument("--max-length", type=integer(8), default=512, help="most tokens per forward input (default 512)")
     p.add_argument("--allow-untrained", action="store_true",
                    help="run a model whose task head is freshly initialised (random outputs); refused by default")
@@ -63,6 +68,10 @@ def predict(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         if "top_k" not in pipeline_class(task).default_options:
             parser.error(f"--top-k does not apply to {task}")
         options["top_k"] = args.top_k
+    if args.aggregation_strategy is not None:
+        if "aggregation_strategy" not in pipeline_class(task).default_options:
+            parser.error(f"--aggregation-strategy does not apply to {task} (only to ner)")
+        options["aggregation_strategy"] = args.aggregation_strategy
     try:
         pipe = pipeline(task, args.model, batch_size=args.batch_size, max_length=args.max_length,
                         allow_untrained=args.allow_untrained, **options)
@@ -70,9 +79,33 @@ def predict(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         raise
     except (TypeError, ValueError) as e:  # usage problems (no model, bad sizes); ZhnlpErrors pass through
         parser.error(str(e))
-    for result in pipe.iter_results(_checked(pipe, _inputs(args, task))):
-        print(json.dumps(result, ensure_ascii=False))
+    for result in _line_results(pipe, _inputs(args, task)):
+        print(json.dumps(result, ensure_ascii=False), flush=True)
     return 0
+
+
+_BLANK = object()  # an input line with nothing on it: its output line is null
+
+
+def _line_results(pipe, items: Iterator[tuple[str, object]]) -> Iterator:
+    """One result per input line, in order; ``None`` for a blank line. The non-blank inputs go through
+    ``pipe.iter_results`` as one stream (batched as usual); a queue of what each line read was puts the blank
+    lines' ``None`` back between the results."""
+    kinds: deque = deque()  # per line read and not yet answered: _BLANK, or None for an input
+
+    def inputs():
+        for where, item in items:
+            kinds.append(_BLANK if item is _BLANK else None)
+            if item is not _BLANK:
+                yield from _checked(pipe, [(where, item)])
+
+    for result in pipe.iter_results(inputs()):
+        while kinds[0] is _BLANK:
+            kinds.popleft()
+            yield None
+        kinds.popleft()
+        yield result
+    yield from (None for _ in kinds)  # blank lines after the last input
 
 
 def _inputs(args: argparse.Namespace, task: str) -> Iterator[tuple[str, object]]:
@@ -88,6 +121,7 @@ def _inputs(args: argparse.Namespace, task: str) -> Iterator[tuple[str, object]]
     for where, line in lines:
         line = line.rstrip("\r\n")
         if not line.strip():
+            yield where, _BLANK
             continue
         yield where, (_qa_input(where, line) if task == "question-answering" else line)
 

@@ -20,18 +20,27 @@ class QuestionAnsweringPipeline(Pipeline):
     tokens (default 64, at most half of ``max_length``), with a warning on the ``zhnlp`` logger. An empty (or
     whitespace-only) question or context is refused.
 
-    Output per input: ``{"answer": str, "start": int, "end": int, "score": float}`` with
-    ``context[start:end] == answer``: the span (at most ``max_answer_len`` tokens) of highest start + end logit
-    over all windows (:func:`zhnlp.data.tasks.mrc.decode_spans`). ``score`` is the span's probability
-    ``P(start) * P(end)``, each a softmax over the context tokens of the window the span was found in. With no
-    valid span the answer is ``""`` at 0 with score 0. Option ``top_k``: a list of the ``top_k`` best distinct
-    spans instead, best first (the first is the single answer above).
+    Output per input, with transformers' keys: ``{"score": float, "start": int, "end": int, "answer": str}``:
+
+    * ``answer``: the span of the context, ``context[start:end] == answer`` (``start``, ``end``: character
+      offsets into the caller's context string); the span (at most ``max_answer_len`` tokens) of highest
+      start + end logit over all windows (:func:`zhnlp.data.tasks.mrc.decode_spans`);
+    * ``score``: the span's probability ``P(start) * P(end)``, each a softmax over the context tokens of the
+      window it was found in (and over ``[CLS]`` too with ``handle_impossible_answer``).
+
+    With no valid span the answer is ``""`` at 0 with score 0. Option ``top_k`` (default 1): with more than 1, a
+    list of the ``top_k`` best distinct spans, best first (the first is the single answer above). Option
+    ``handle_impossible_answer`` (default False): also score "no answer", ``P([CLS] start) * P([CLS] end)``
+    (the smallest over the windows), as ``{"score", "start": 0, "end": 0, "answer": ""}``, ranked among the
+    spans by score, as transformers does. A single input gives one result; a list of inputs, a list.
+    (transformers 5 dropped its question-answering pipeline; these are the conventions of transformers 4's.)
     """
 
     task = "question-answering"
     auto_class = "AutoModelForQuestionAnswering"
     head, finetune_task = "question-answering head", "mrc"
-    default_options = {"doc_stride": 128, "max_answer_len": 64, "max_query_len": 64, "top_k": None}
+    default_options = {"doc_stride": 128, "max_answer_len": 64, "max_query_len": 64, "top_k": 1,
+                       "handle_impossible_answer": False}
     output_names = {"start_logits": True, "end_logits": True}
 
     def __call__(self, inputs=None, *, question=None, context=None, **options):
@@ -56,9 +65,11 @@ class QuestionAnsweringPipeline(Pipeline):
         for name in ("doc_stride", "max_answer_len", "max_query_len"):
             if not is_positive_int(options[name]):
                 raise ValueError(f"{name} must be a positive integer, got {options[name]!r}.")
-        top_k = options["top_k"]
-        if top_k is not None and not is_positive_int(top_k):
-            raise ValueError(f"top_k must be None (one answer) or a positive integer, got {top_k!r}.")
+        if not is_positive_int(options["top_k"]):
+            raise ValueError(f"top_k must be a positive integer (1: one answer), got {options['top_k']!r}.")
+        if not isinstance(options["handle_impossible_answer"], bool):
+            raise ValueError(f"handle_impossible_answer must be True or False, got "
+                             f"{options['handle_impossible_answer']!r}.")
 
     def check_input(self, item):
         if not isinstance(item, dict) or not {"question", "context"} <= set(item):
@@ -107,38 +118,57 @@ class QuestionAnsweringPipeline(Pipeline):
         windows: dict[int, list[int]] = {}
         for row, feature in enumerate(mrc_features):
             windows.setdefault(feature.example_index, []).append(row)
+        with_cls = options["handle_impossible_answer"]
         results = []
         for index, example in enumerate(examples):
             span = best[example.qid]
             rows = windows.get(index, [])
-            first = {"answer": span["text"], "start": span["start"], "end": span["end"],
-                     "score": _probability(mrc_features, starts, ends, rows, span["start"], span["end"])
-                     if span["text"] else 0.0}
-            if options["top_k"] is None:
-                results.append(first)
-                continue
-            others = _ranked_spans(example.context, mrc_features, starts, ends, rows, options["max_answer_len"],
-                                   n=options["top_k"] + 1)
-            ranked = [first] + [o for o in others if (o["start"], o["end"]) != (first["start"], first["end"])]
-            results.append([r for r in ranked if r["answer"]][:options["top_k"]])
+            score = (_probability(mrc_features, starts, ends, rows, span["start"], span["end"], with_cls)
+                     if span["text"] else 0.0)
+            ranked = [{"score": score, "start": span["start"], "end": span["end"], "answer": span["text"]}]
+            if options["top_k"] > 1:
+                others = _ranked_spans(example.context, mrc_features, starts, ends, rows, options["max_answer_len"],
+                                       options["top_k"] + 1, with_cls)
+                ranked += [o for o in others if (o["start"], o["end"]) != (span["start"], span["end"])]
+            ranked = [r for r in ranked if r["answer"]] or ranked[:1]  # "" at 0, score 0: no valid span at all
+            if with_cls:
+                ranked = [r for r in ranked if r["answer"]]
+                null = min((_null_probability(mrc_features[row], starts, ends, row) for row in rows), default=1.0)
+                ranked.append({"score": null, "start": 0, "end": 0, "answer": ""})
+                ranked.sort(key=lambda r: -r["score"])  # stable: a span before "no answer" of equal score
+            ranked = ranked[:options["top_k"]]
+            results.append(ranked[0] if options["top_k"] == 1 else ranked)
         return results
 
 
-def _context_probs(feature, starts, ends, row):
-    """Context token indices of a window and their start/end softmax probabilities over that window."""
+def _context_probs(feature, starts, ends, row, with_cls: bool = False):
+    """Context token indices of a window and their start/end softmax probabilities over that window's context
+    tokens (and its [CLS] token, position 0, when ``with_cls``: transformers' handle_impossible_answer)."""
     ctx = np.array([i for i, o in enumerate(feature.offsets) if o is not None], dtype=np.int64)
-    p_start = np.exp(starts[row, ctx] - starts[row, ctx].max())
-    p_end = np.exp(ends[row, ctx] - ends[row, ctx].max())
-    return ctx, p_start / p_start.sum(), p_end / p_end.sum()
+    over = np.concatenate([np.zeros(1, dtype=np.int64), ctx]) if with_cls else ctx
+    return ctx, _softmax_at(starts[row], over, ctx), _softmax_at(ends[row], over, ctx)
 
 
-def _probability(features, starts, ends, rows, start: int, end: int) -> float:
+def _softmax_at(logits, over, at):
+    """The softmax of ``logits`` over the positions ``over``, read at the positions ``at``."""
+    top = logits[over].max()
+    return np.exp(logits[at] - top) / np.exp(logits[over] - top).sum()
+
+
+def _null_probability(feature, starts, ends, row) -> float:
+    """P(start at [CLS]) * P(end at [CLS]) in one window, each softmax over [CLS] and the context tokens."""
+    ctx = np.array([i for i, o in enumerate(feature.offsets) if o is not None], dtype=np.int64)
+    over, cls = np.concatenate([np.zeros(1, dtype=np.int64), ctx]), np.zeros(1, dtype=np.int64)
+    return float(_softmax_at(starts[row], over, cls)[0] * _softmax_at(ends[row], over, cls)[0])
+
+
+def _probability(features, starts, ends, rows, start: int, end: int, with_cls: bool = False) -> float:
     """P(start) * P(end) of the character span [start, end), in the best window whose tokens begin at ``start``
     and end at ``end`` (an end moved past trailing combining marks is matched by the last token before it)."""
     best = 0.0
     for row in rows:
         feature = features[row]
-        ctx, p_start, p_end = _context_probs(feature, starts, ends, row)
+        ctx, p_start, p_end = _context_probs(feature, starts, ends, row, with_cls)
         first = [k for k, i in enumerate(ctx) if feature.offsets[i][0] == start]
         last = [k for k, i in enumerate(ctx) if start < feature.offsets[i][1] <= end]
         if first and last and first[0] <= last[-1]:
@@ -146,13 +176,14 @@ def _probability(features, starts, ends, rows, start: int, end: int) -> float:
     return best
 
 
-def _ranked_spans(context: str, features, starts, ends, rows, max_answer_len: int, n: int) -> list[dict]:
+def _ranked_spans(context: str, features, starts, ends, rows, max_answer_len: int, n: int,
+                  with_cls: bool = False) -> list[dict]:
     """Up to ``n`` distinct character spans by start + end logit over all windows (decode_spans' criterion for
     its single best span), each with its probability in its window."""
     candidates = []
     for order, row in enumerate(rows):
         feature = features[row]
-        ctx, p_start, p_end = _context_probs(feature, starts, ends, row)
+        ctx, p_start, p_end = _context_probs(feature, starts, ends, row, with_cls)
         top_s = np.argsort(-starts[row, ctx], kind="stable")[:max(20, n)]
         top_e = np.argsort(-ends[row, ctx], kind="stable")[:max(20, n)]
         for a in top_s:
@@ -165,7 +196,7 @@ def _ranked_spans(context: str, features, starts, ends, rows, max_answer_len: in
     for *_, s, e, prob in sorted(candidates):
         if (s, e) not in seen:
             seen.add((s, e))
-            out.append({"answer": context[s:e], "start": s, "end": e, "score": prob})
+            out.append({"score": prob, "start": s, "end": e, "answer": context[s:e]})
         if len(out) == n:
             break
     return out

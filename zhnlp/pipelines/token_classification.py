@@ -1,32 +1,56 @@
-"""Named-entity recognition: entities with their character spans, one tag per character underneath."""
+"""Named-entity recognition / token classification, with transformers' output conventions.
+
+``aggregation_strategy="none"`` (the default, as in transformers) gives one result per token the model tagged
+with something other than ``O``; ``"simple"``, ``"first"``, ``"average"`` and ``"max"`` group tokens into
+entities exactly as transformers' ``TokenClassificationPipeline`` defines them.
+"""
 
 from __future__ import annotations
 
 import numpy as np
 
-from zhnlp.data.tasks.ner import NERExample, decode_ner, encode_ner
-from zhnlp.metrics.ner import entities
+from zhnlp.data.tasks.ner import NERExample, encode_ner
 from zhnlp.pipelines.base import Pipeline, refuse_json_object
+
+STRATEGIES = ("none", "simple", "first", "average", "max")
 
 
 class TokenClassificationPipeline(Pipeline):
-    """Find named entities with a fine-tuned token-classification model (BIO or BMES tags in ``config.id2label``).
+    """Tag tokens with a fine-tuned token-classification model (tags in ``config.id2label``, e.g. BIO or BMES).
 
-    Input: a string or a list of strings. Each character is one word (as in MSRA/People's Daily NER): the text is
-    tagged character by character (:func:`zhnlp.data.tasks.ner.decode_ner`), texts longer than ``max_length``
-    tokens in windows that overlap by ``stride`` tokens (option, default 32), and the tags are read as entities
-    with :func:`zhnlp.metrics.ner.entities`.
+    Input: a string or a list of strings. Each character is one word, as in the Chinese NER data zhnlp fine-tunes
+    on (MSRA, People's Daily; :func:`zhnlp.data.tasks.ner.encode_ner`): a character becomes one token (a few, such
+    as rare symbols, more; spaces none). On Chinese text these are exactly the tokens transformers' pipeline sees;
+    on Latin letters and digits they differ (transformers would keep ``2024`` one token, here it is four), as the
+    model was trained. Texts longer than ``max_length`` tokens are read in windows that overlap by ``stride``
+    tokens (option, default 32; a zhnlp extra, transformers needs an aggregation strategy for windows); a token
+    in two windows is read in the one where it is farthest from the window's edge.
 
-    Output per input: a list of ``{"entity": type, "word": text[start:end], "start": int, "end": int,
-    "score": float}`` in text order. ``score`` is the mean over the entity's characters of the probability of the
-    tag the model picked at the character's first token (its softmax maximum; averaged over the windows that hold
-    the character; characters that produce no token, such as spaces, are left out).
+    Output per input, with ``aggregation_strategy="none"`` (default): a list, in text order, of
+    ``{"entity": tag, "score": float, "index": int, "word": str, "start": int, "end": int}`` for each token whose
+    most probable tag is not in ``ignore_labels`` (option, default ``["O"]``):
+
+    * ``entity``: the tag the model gives the token (``"B-PER"``), the argmax of its softmax;
+    * ``score``: that tag's softmax probability;
+    * ``index``: the token's position in the encoded text, ``[CLS]`` being 0 (for a text in windows, the
+      position it would have in one long sequence);
+    * ``word``: the token (``"张"``; ``"##s"`` for a continuation piece; the text itself for ``[UNK]``);
+    * ``start``, ``end``: the token's character span in the caller's string, ``text[start:end]``.
+
+    With ``aggregation_strategy`` ``"simple"``: adjacent tokens of one type form an entity (a ``B-`` tag always
+    starts a new one), ``{"entity_group": type, "score": mean of the tokens' scores, "word": text[start:end],
+    "start", "end"}``. ``"first"``, ``"average"``, ``"max"`` first give every word (a character and its
+    continuation pieces) one tag: its first token's, the one of the highest averaged probability, or the
+    most confident token's, then group as ``"simple"``. Differences from transformers: ``word`` of a group is
+    ``text[start:end]`` (``"张三"``; transformers joins tokens with spaces, ``"张 三"``); BMES tags group
+    too (``S-``/``E-`` close an entity; transformers reads only ``B-``/``I-``); ``score`` is a Python float
+    (transformers: ``numpy.float32``).
     """
 
     task = "ner"
     auto_class = "AutoModelForTokenClassification"
     head, finetune_task = "token-classification head", "ner"
-    default_options = {"stride": 32}
+    default_options = {"stride": 32, "aggregation_strategy": "none", "ignore_labels": ("O",)}
     output_names = {"logits": True}
 
     def __init__(self, model=None, **kwargs):
@@ -50,6 +74,15 @@ class TokenClassificationPipeline(Pipeline):
             raise ValueError(f"stride={stride} (the overlap of consecutive windows) must be smaller than the {room} "
                              f"sub-tokens a window of max_length={self.max_length} holds; pass stride={room // 4} "
                              f"or raise max_length.")
+        strategy = options["aggregation_strategy"]
+        name = getattr(strategy, "value", strategy)  # transformers' AggregationStrategy enum works too
+        if not isinstance(name, str) or name.lower() not in STRATEGIES:
+            raise ValueError(f"aggregation_strategy must be one of {', '.join(map(repr, STRATEGIES))}, got "
+                             f"{strategy!r}.")
+        options["aggregation_strategy"] = name.lower()
+        labels = options["ignore_labels"]
+        if isinstance(labels, str) or not all(isinstance(label, str) for label in labels):
+            raise TypeError(f"ignore_labels must be a list of tag names (e.g. ['O']), got {labels!r}.")
 
     def check_input(self, item):
         if not isinstance(item, str):
@@ -65,38 +98,104 @@ class TokenClassificationPipeline(Pipeline):
 
     def postprocess(self, items, features, outputs, options):
         results = [[] for _ in items]
-        if not features:
-            return results
-        width = max(len(f["input_ids"]) for f in features)
-        logits = np.zeros((len(features), width, len(self.id2label)), dtype=np.float32)
-        for row, out in enumerate(outputs):
-            logits[row, :len(out["logits"])] = out["logits"].numpy()
-        examples = [NERExample(tokens=list(text), tags=None, line=0) for text in items if text]
         position = [i for i, text in enumerate(items) if text]  # example index -> input index
-        tags = decode_ner(examples, features, logits, self.id2label)
-        char_probs = _char_probabilities(examples, features, logits)
-        for example_index, (example, example_tags) in enumerate(zip(examples, tags)):
-            text = "".join(example.tokens)
-            found = []
-            for kind, start, end in entities(example_tags, scheme="auto"):
-                probs = [p for i in range(start, end) if (p := char_probs[example_index].get(i)) is not None]
-                found.append({"entity": kind, "word": text[start:end], "start": start, "end": end,
-                              "score": float(np.mean(probs)) if probs else 0.0})
-            results[position[example_index]] = found
+        tokens = _tokens_per_example(len(position), features, outputs)
+        for example_index, per_token in enumerate(tokens):
+            text = items[position[example_index]]
+            results[position[example_index]] = self._entities(text, per_token, options)
         return results
 
+    def _entities(self, text: str, per_token: list[tuple], options: dict) -> list[dict]:
+        """transformers' gather_pre_entities -> aggregate -> ignore_labels filter, on one text's tokens."""
+        unk = self.tokenizer.unk_token_id
+        pre = []
+        previous_word = None
+        for pos, (token_id, word, probs) in enumerate(per_token):
+            token = text[word] if token_id == unk else self.tokenizer.convert_ids_to_tokens(token_id)
+            pre.append({"word": token, "scores": probs, "start": word, "end": word + 1, "index": pos + 1,
+                        "is_subword": word == previous_word})
+            previous_word = word
+        strategy = options["aggregation_strategy"]
+        if strategy in ("none", "simple"):
+            tagged = [{"entity": self.id2label[int(p["scores"].argmax())], "score": float(p["scores"].max()),
+                       "index": p["index"], "word": p["word"], "start": p["start"], "end": p["end"]} for p in pre]
+        else:
+            tagged = [self._word(group, strategy) for group in _words(pre)]
+        ignore = set(options["ignore_labels"])
+        if strategy == "none":
+            return [e for e in tagged if e["entity"] not in ignore]
+        return [g for g in _group(tagged, text) if g["entity_group"] not in ignore]
 
-def _char_probabilities(examples, features, logits) -> list[dict[int, float]]:
-    """Per example, {character: probability of the model's tag at its first token, averaged over windows}."""
-    shifted = logits - logits.max(-1, keepdims=True)
-    probs = np.exp(shifted) / np.exp(shifted).sum(-1, keepdims=True)  # (features, seq, labels)
-    sums: list[dict[int, list[float]]] = [{} for _ in examples]
-    for row, feature in enumerate(features):
-        index = feature["example_index"]
-        seen = set()
-        for token, word in enumerate(feature["word_ids"]):
-            if word is None or word in seen:
+    def _word(self, group: list[dict], strategy: str) -> dict:
+        """One tag for a word's tokens (transformers' aggregate_word)."""
+        if strategy == "first":
+            scores = group[0]["scores"]
+        elif strategy == "max":
+            scores = max(group, key=lambda p: p["scores"].max())["scores"]
+        else:  # average
+            scores = np.nanmean(np.stack([p["scores"] for p in group]), axis=0)
+        best = int(scores.argmax())
+        return {"entity": self.id2label[best], "score": float(scores[best]), "start": group[0]["start"],
+                "end": group[-1]["end"]}
+
+
+def _tokens_per_example(n_examples: int, features: list[dict], outputs: list[dict]) -> list[list[tuple]]:
+    """Per example, its tokens in order as ``(token id, word index, softmax probabilities)``; a token that two
+    windows hold is read in the window where it is farthest from an edge (ties: the earlier window), as
+    :func:`zhnlp.data.tasks.ner.decode_ner` reads tags."""
+    chosen: list[dict[int, tuple]] = [{} for _ in range(n_examples)]
+    for feature, out in zip(features, outputs):
+        logits = out["logits"].numpy().astype(np.float32)
+        shifted = np.exp(logits - logits.max(-1, keepdims=True))
+        probs = shifted / shifted.sum(-1, keepdims=True)  # (seq, labels)
+        content = [(i, w) for i, w in enumerate(feature["word_ids"]) if w is not None]
+        per = chosen[feature["example_index"]]
+        for j, (i, w) in enumerate(content):
+            pos = feature["window_start"] + j
+            distance = min(j, len(content) - 1 - j)
+            if pos not in per or distance > per[pos][0]:
+                per[pos] = (distance, feature["input_ids"][i], w, probs[i])
+    return [[per[pos][1:] for pos in sorted(per)] for per in chosen]
+
+
+def _words(pre: list[dict]) -> list[list[dict]]:
+    """Tokens grouped by word: a word's first token and its continuation pieces (transformers' aggregate_words)."""
+    groups: list[list[dict]] = []
+    for p in pre:
+        if groups and p["is_subword"]:
+            groups[-1].append(p)
+        else:
+            groups.append([p])
+    return groups
+
+
+def _split_tag(tag: str) -> tuple[str, str]:
+    """(begin/inside, type) as transformers' get_tag, extended to BMES: B-/S- begin, I-/M-/E- continue; a tag
+    without a prefix (``O``) continues its own kind."""
+    if tag[:2] in ("B-", "S-"):
+        return "B", tag[2:]
+    if tag[:2] in ("I-", "M-", "E-"):
+        return "I", tag[2:]
+    return "I", tag
+
+
+def _group(tagged: list[dict], text: str) -> list[dict]:
+    """Adjacent tokens (or words) of one type become one entity; a B- (or S-) tag starts a new one, and after an
+    E- or S- tag (BMES) the entity is closed (transformers' group_entities)."""
+    groups: list[list[dict]] = []
+    for entity in tagged:
+        bi, kind = _split_tag(entity["entity"])
+        if groups:
+            last = groups[-1][-1]["entity"]
+            _, last_kind = _split_tag(last)
+            if kind == last_kind and bi != "B" and last[:2] not in ("E-", "S-"):
+                groups[-1].append(entity)
                 continue
-            seen.add(word)
-            sums[index].setdefault(word, []).append(float(probs[row, token].max()))
-    return [{word: float(np.mean(values)) for word, values in per.items()} for per in sums]
+        groups.append([entity])
+    out = []
+    for group in groups:
+        start, end = group[0]["start"], group[-1]["end"]
+        out.append({"entity_group": _split_tag(group[0]["entity"])[1],
+                    "score": float(np.nanmean([e["score"] for e in group])),
+                    "word": text[start:end], "start": start, "end": end})
+    return out

@@ -22,8 +22,9 @@ class WordSegmentationPipeline(Pipeline):
     default_options = {"hmm": True, "userdict": None, "backend": "auto"}
 
     def __init__(self, model=None, *, tokenizer=None, batch_size: int = 8, max_length: int = 512,
-                 allow_untrained: bool = False, **options):
-        # allow_untrained is accepted (zhnlp predict passes it to every task) and has nothing to allow here
+                 allow_untrained: bool = False, device=None, dtype=None, **options):
+        # allow_untrained, device and dtype are accepted (zhnlp predict and code written for every task pass
+        # them) and have nothing to act on: segmentation runs jieba on the CPU
         if model is not None or tokenizer is not None:
             raise ValueError("word-segmentation uses jieba's dictionary, not a model or tokenizer; drop model=/"
                              "tokenizer= (add your own words with userdict=PATH).")
