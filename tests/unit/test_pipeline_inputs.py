@@ -49,7 +49,7 @@ def test_a_freshly_initialised_head_is_refused_unless_allowed(models, task, chec
 
 def test_allow_untrained_runs_it_and_trained_heads_need_nothing(models):
     untrained = zhnlp.pipeline("sentiment-analysis", models / "mlm", allow_untrained=True)
-    assert untrained.model.fresh_weights and untrained("很好")["label"].startswith("LABEL_")
+    assert untrained.model.fresh_weights and untrained("很好")[0]["label"].startswith("LABEL_")
     for task, directory in [("sentiment-analysis", "seq"), ("question-answering", "qa"), ("fill-mask", "mlm"),
                             ("ner", "ner")]:
         assert zhnlp.pipeline(task, models / directory).model.fresh_weights == []
@@ -122,8 +122,12 @@ def test_qa_keyword_inputs_and_options(models):
         qa(question="多长？")
     with pytest.raises(ValueError, match="got an empty list of inputs"):
         qa(question=[], context=[])
-    with pytest.raises(ValueError, match="top_k must be None .* got True"):
+    with pytest.raises(ValueError, match=r"top_k must be a positive integer \(1: one answer\), got True"):
         qa(question="多长？", context="长城很长。", top_k=True)
+    with pytest.raises(ValueError, match="top_k must be a positive integer .* got None"):
+        qa(question="多长？", context="长城很长。", top_k=None)
+    with pytest.raises(ValueError, match="handle_impossible_answer must be True or False, got 'yes'"):
+        qa(question="多长？", context="长城很长。", handle_impossible_answer="yes")
     with pytest.raises(ValueError, match="doc_stride must be a positive integer, got 0"):
         qa(question="多长？", context="长城很长。", doc_stride=0)
 

@@ -66,10 +66,10 @@ def test_sentiment_matches_a_direct_forward(models, tokenizer):
     for text in TEXTS:
         out, _ = _hf_forward(hf, tokenizer, text)
         probs = torch.softmax(out.logits[0], -1)
-        result = classify(text)
+        [result] = classify(text)  # one string: a list of its best label, as transformers gives it
         assert result["label"] == SENTIMENT[int(probs.argmax())]
         assert result["score"] == pytest.approx(float(probs.max()), abs=1e-5)
-    labels = {classify(t)["label"] for t in TEXTS}
+    labels = {r["label"] for r in classify(TEXTS)}
     assert len(labels) > 1, "the tiny model should not give every text the same label"
 
 
@@ -83,7 +83,9 @@ def test_sentiment_pairs_top_k_and_alias(models, tokenizer):
     assert [r["score"] for r in ranked] == pytest.approx(probs.sort(descending=True).values.tolist(), abs=1e-5)
     assert sum(r["score"] for r in ranked) == pytest.approx(1.0, abs=1e-6)
     assert classify(TEXTS[0], top_k=2) == classify(TEXTS[0], top_k=None)[:2]
-    assert isinstance(classify(TEXTS[0]), dict) and isinstance(classify(TEXTS[0], top_k=1), list)
+    # transformers' shapes: a string -> [best]; a dict (pair) -> best; a list -> [best per input]; top_k -> a ranking
+    assert classify(TEXTS[0]) == classify(TEXTS[0], top_k=1) == [classify([TEXTS[0]])[0]]
+    assert isinstance(classify({"text": TEXTS[0]}), dict) and isinstance(classify([TEXTS[0]], top_k=2)[0], list)
     with pytest.raises(ValueError, match="top_k"):
         classify(TEXTS[0], top_k=0)
     with pytest.raises(ValueError, match="'text'"):
@@ -97,11 +99,11 @@ def test_sentiment_truncates_long_texts_to_max_length(models, tokenizer):
     ids = [tokenizer.cls_token_id, *tokenizer.convert_tokens_to_ids(list(text[:14])), tokenizer.sep_token_id]
     with torch.no_grad():
         probs = torch.softmax(hf(torch.tensor([ids])).logits[0], -1)
-    result = classify(text)
+    [result] = classify(text)
     assert result == {"label": SENTIMENT[int(probs.argmax())], "score": pytest.approx(float(probs.max()), abs=1e-5)}
     # the model has 128 positions: a larger max_length is capped, so a 280-character text still runs
     assert zhnlp.pipeline("sentiment-analysis", directory, max_length=512).max_length == 128
-    assert zhnlp.pipeline("sentiment-analysis", directory)(text)["label"] in SENTIMENT.values()
+    assert zhnlp.pipeline("sentiment-analysis", directory)(text)[0]["label"] in SENTIMENT.values()
 
 
 def test_batches_equal_one_by_one(models):
@@ -111,7 +113,7 @@ def test_batches_equal_one_by_one(models):
     batched = many(TEXTS)
     assert len(batched) == len(TEXTS)
     for text, result in zip(TEXTS, batched):
-        single = one(text)
+        [single] = one(text)
         assert result["label"] == single["label"]
         assert result["score"] == pytest.approx(single["score"], abs=1e-5)
 
@@ -127,11 +129,11 @@ def test_fill_mask_top1_is_the_argmax_of_a_direct_forward(models, tokenizer):
     candidates = fill(text)
     assert len(candidates) == 5
     best = candidates[0]
-    assert best["token_id"] == int(probs.argmax())
-    assert best["token"] == tokenizer.convert_ids_to_tokens(best["token_id"])
+    assert best["token"] == int(probs.argmax())  # the id, as in transformers; token_str is its text
+    assert best["token_str"] == tokenizer.decode([best["token"]])
     assert best["score"] == pytest.approx(float(probs.max()), abs=1e-5)
-    assert [c["token_id"] for c in candidates] == probs.topk(5).indices.tolist()
-    filled = best["token"].removeprefix("##")
+    assert [c["token"] for c in candidates] == probs.topk(5).indices.tolist()
+    filled = best["token_str"].removeprefix("##")
     assert best["sequence"] == "北京是中国的" + filled + "都。"
     assert len(fill(text, top_k=2)) == 2
 
@@ -144,8 +146,8 @@ def test_fill_mask_several_masks_and_batches(models, tokenizer):
     per_mask = zhnlp.pipeline("fill-mask", directory, top_k=3)(text)
     assert len(per_mask) == 2 and all(len(c) == 3 for c in per_mask)
     for m, (position, candidates) in enumerate(zip(positions, per_mask)):
-        assert candidates[0]["token_id"] == int(out.logits[0, position].argmax())
-        token = candidates[0]["token"].removeprefix("##")
+        assert candidates[0]["token"] == int(out.logits[0, position].argmax())
+        token = candidates[0]["token_str"].removeprefix("##")
         expected = token + "天天气很[MASK]。" if m == 0 else "[MASK]天天气很" + token + "。"
         assert candidates[0]["sequence"] == expected
     texts = ["我爱[MASK]京", text, "[MASK]"]
@@ -158,7 +160,7 @@ def test_fill_mask_several_masks_and_batches(models, tokenizer):
 
 
 def _ids(result):
-    return [_ids(r) for r in result] if isinstance(result[0], list) else [c["token_id"] for c in result]
+    return [_ids(r) for r in result] if isinstance(result[0], list) else [c["token"] for c in result]
 
 
 def test_fill_mask_without_a_mask_is_a_clear_error(models):
@@ -221,8 +223,9 @@ def test_cli_reads_stdin_and_files(models, capsys, monkeypatch, tmp_path):
     assert main(["predict", "word-segmentation"]) == 0
     out = capsys.readouterr().out
     assert "清华大学" in out  # ensure_ascii=False: the characters themselves, not \u escapes
-    assert [json.loads(line)["words"] for line in out.splitlines()] == [
-        zhnlp.segment("我来到北京清华大学"), zhnlp.segment("他来到了网易杭研大厦")]
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert lines[1] is None  # the blank line: a null line, so output line N answers input line N
+    assert [lines[0]["words"], lines[2]["words"]] == [zhnlp.segment("我来到北京清华大学"), zhnlp.segment("他来到了网易杭研大厦")]
     file = tmp_path / "in.txt"
     file.write_text("巴黎是法国的[MASK]都。\n", encoding="utf-8")
     directory = str(models["mlm"][0])
@@ -344,7 +347,7 @@ def _tagging_forward(tags_by_token: dict[int, int]):
 
 
 def test_ner_offsets_point_at_the_entities(models, tokenizer, monkeypatch):
-    ner = zhnlp.pipeline("ner", models["ner"][0], max_length=24, stride=4)
+    ner = zhnlp.pipeline("ner", models["ner"][0], max_length=24, stride=4, aggregation_strategy="simple")
     ids = dict(zip("张三北京", tokenizer.convert_tokens_to_ids(list("张三北京"))))
     monkeypatch.setattr(ner.model, "forward", _tagging_forward(
         {ids["张"]: 1, ids["三"]: 2, ids["北"]: 3, ids["京"]: 4}))
@@ -354,7 +357,7 @@ def test_ner_offsets_point_at_the_entities(models, tokenizer, monkeypatch):
     expected = []
     for word, kind in (("张三", "PER"), ("北京", "LOC")):
         for start in (text.index(word), text.rindex(word)):
-            expected.append({"entity": kind, "word": word, "start": start, "end": start + 2,
+            expected.append({"entity_group": kind, "word": word, "start": start, "end": start + 2,
                              "score": pytest.approx(confident, abs=1e-6)})
     assert result == sorted(expected, key=lambda e: e["start"])
     assert text.rindex("张三") > 3 * 24  # the last entities come from a later window
@@ -366,7 +369,7 @@ def test_ner_matches_a_direct_forward(models, tokenizer):
     from zhnlp.metrics.ner import entities
 
     directory, hf = models["ner"]
-    ner = zhnlp.pipeline("ner", directory)
+    ner = zhnlp.pipeline("ner", directory, aggregation_strategy="simple")
     texts = ["王小明在上海市浦东新区的一家公司上班。", "中国科学院计算技术研究所位于北京海淀区。", "好"]
     results = ner(texts)
     assert sum(map(len, results)) > 0, "the random model should find some entities"
@@ -374,12 +377,13 @@ def test_ner_matches_a_direct_forward(models, tokenizer):
         out, _ = _hf_forward(hf, tokenizer, text)  # one token per character, between [CLS] and [SEP]
         probs = torch.softmax(out.logits[0, 1:-1], -1)
         tags = [NER_LABELS[int(i)] for i in probs.argmax(-1)]
-        expected = [{"entity": kind, "word": text[s:e], "start": s, "end": e,
+        expected = [{"entity_group": kind, "word": text[s:e], "start": s, "end": e,
                      "score": pytest.approx(float(probs[s:e].max(-1).values.mean()), abs=1e-5)}
                     for kind, s, e in entities(tags)]
         assert result == expected
     # batching changes nothing but the last bits of the scores (BLAS sums a batch of 2 in another order)
-    single, batched = [ner(t) for t in texts], zhnlp.pipeline("ner", directory, batch_size=2)(texts)
+    single, batched = [ner(t) for t in texts], zhnlp.pipeline("ner", directory, batch_size=2,
+                                                              aggregation_strategy="simple")(texts)
     assert [[{**e, "score": pytest.approx(e["score"], abs=1e-6)} for e in r] for r in single] == batched
 
 
@@ -387,9 +391,14 @@ def test_ner_cli_and_bad_label_names(models, capsys, tmp_path):
     directory = str(models["ner"][0])
     text = "王小明在上海市浦东新区的一家公司上班。"
     assert main(["predict", "token-classification", "--model", directory, text]) == 0
+    (printed,) = _lines(capsys)  # per token by default, as transformers
+    assert [(e["entity"], e["index"], e["start"], e["end"]) for e in printed] == [
+        (e["entity"], e["index"], e["start"], e["end"]) for e in zhnlp.pipeline("ner", directory)(text)]
+    assert main(["predict", "ner", "--model", directory, "--aggregation-strategy", "simple", text]) == 0
     (printed,) = _lines(capsys)
-    assert [(e["entity"], e["start"], e["end"]) for e in printed] == [
-        (e["entity"], e["start"], e["end"]) for e in zhnlp.pipeline("ner", directory)(text)]
+    assert [(e["entity_group"], e["start"], e["end"]) for e in printed] == [
+        (e["entity_group"], e["start"], e["end"])
+        for e in zhnlp.pipeline("ner", directory, aggregation_strategy="simple")(text)]
     _build(tmp_path / "plain", "ner", num_labels=3)  # LABEL_0.. names: not tags
     with pytest.raises(ValueError, match="does not name BIO/BMES tags"):
         zhnlp.pipeline("ner", tmp_path / "plain")

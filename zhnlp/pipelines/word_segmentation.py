@@ -40,10 +40,13 @@ class WordSegmentationPipeline(Pipeline):
         else:
             self._cut = Segmenter(hmm=o["hmm"], backend=o["backend"], userdict=o["userdict"]).cut
 
-    def iter_results(self, inputs, **options):
-        if options:
+    def _merge_options(self, options, base=None):
+        if base is not None and options:  # a call's options: the segmenter was built with the pipeline's
             raise TypeError(f"word-segmentation options {sorted(options)} are fixed when the pipeline is built; "
                             "pass them to zhnlp.pipeline('word-segmentation', ...).")
+        return super()._merge_options(options, base)
+
+    def _results(self, inputs, merged):
         for item in inputs:
             yield self._segment(self.check_input(item))
 
