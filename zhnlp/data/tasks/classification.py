@@ -153,29 +153,32 @@ def _row_example(row: dict, number: int) -> tuple[TextExample | None, str | None
 
 
 def _read_csv(path: Path, lines: list[str], problems: Problems) -> list[TextExample]:
-    """Comma-separated values with a header (standard CSV quoting), the columns of the TSV format."""
+    """Comma-separated values with a header (standard CSV quoting), the columns of the TSV format. A
+    record is numbered by its first line (a quoted field may span lines)."""
     import csv
 
-    reader = csv.DictReader(line + "\n" for line in lines)
-    header = [c.strip() for c in reader.fieldnames or []]
-    if not any(c in header for c in TEXT_COLUMNS):
-        raise DataError(f"{path}:1: the header {header} names no text column; fix: a header line such as "
-                        f"'label,text' or 'text_a,text_b,label' (known columns: {sorted(KNOWN_COLUMNS)})")
+    reader = csv.reader(line + "\n" for line in lines)
+    header = [c.strip() for c in next(reader, [])]
+    if not any(c in header for c in TEXT_COLUMNS) or len(set(header)) != len(header):
+        raise DataError(f"{path}:1: the header {header} names no text column (or a column twice); fix: a header "
+                        f"line such as 'label,text' or 'text_a,text_b,label' (known columns: {sorted(KNOWN_COLUMNS)})")
     examples = []
-    for raw in reader:
-        number = reader.line_num
-        if None in raw or None in raw.values():
-            problems.add(f"{path}:{number}", f"wrong column count: the header has {len(header)} columns "
-                                             f"({','.join(header)}); fix the commas or quote the field")
+    start = reader.line_num + 1
+    for fields in reader:
+        number, start = start, reader.line_num + 1
+        if not any(v.strip() for v in fields):
             continue
-        row = {k.strip(): v for k, v in raw.items()}
-        if not any(v.strip() for v in row.values()):
+        where = f"{path}:{number}"
+        if len(fields) != len(header):
+            problems.add(where, f"wrong column count: {len(fields)} comma-separated fields, the header has "
+                                f"{len(header)} ({','.join(header)}); fix the commas or quote the field")
             continue
+        row = dict(zip(header, fields))
         if "label" in row:
             row["label"] = row["label"].strip()
         example, problem = _row_example(row, number)
         if problem is not None:
-            problems.add(f"{path}:{number}", problem)
+            problems.add(where, problem)
         else:
             examples.append(example)
     return examples

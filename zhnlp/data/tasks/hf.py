@@ -270,13 +270,22 @@ def read_file(task: str, path: Path, labels: list[str] | None, training: bool = 
     and by zhnlp's reader (line-numbered errors) where it does not or the rows have a problem."""
     dataset = load_file(task, path)
     if dataset is not None:
-        if task == "classification" and "label" in dataset.column_names:
-            dataset = dataset.map(_strip_label) if dataset.features["label"].dtype == "string" else dataset
+        rows = dataset.to_list()
+        delimited = dataset.info.builder_name == "csv"
+        if delimited:  # TSV/CSV labels as zhnlp's reader takes them: stripped (an empty one is a problem)
+            for row in rows:
+                if isinstance(row.get("label"), str):
+                    row["label"] = row["label"].strip()
         try:
-            examples, labels_found, _ = read_rows(task, dataset, labels, str(path), training)
-            return examples, labels_found, None
+            examples, labels_found, _ = read_rows(task, rows, labels, str(path), training)
         except DataError:
             pass  # the file has a problem: zhnlp's reader names its lines
+        else:
+            lines = _record_lines(path, delimited, path.suffix.lower() == ".csv")
+            if len(lines) == len(rows) == len(examples):
+                for example, line in zip(examples, lines):
+                    example.line = line  # as zhnlp's reader numbers them: the file's line
+            return examples, labels_found, None
     if task == "classification":
         from zhnlp.data.tasks.classification import read_classification
 
@@ -291,7 +300,19 @@ def read_file(task: str, path: Path, labels: list[str] | None, training: bool = 
     return read_squad(path, training=training), None, str(path)
 
 
-def _strip_label(row: dict) -> dict:
-    # TSV/CSV labels as zhnlp's reader takes them: stripped, and an empty one is a problem, not a label
-    label = row["label"]
-    return {"label": label.strip() if isinstance(label, str) else label}
+def _record_lines(path: Path, header: bool, quoted: bool) -> list[int]:
+    """The 1-based line of every record of a JSON-lines / TSV / CSV file (blank lines and the header
+    skipped; a quoted CSV field may span lines), read as a stream."""
+    with open(path, encoding="utf-8-sig", newline="" if quoted else None) as f:
+        if quoted:
+            import csv
+
+            reader = csv.reader(f)
+            out, start = [], 1
+            for record in reader:
+                if any(field.strip() for field in record):
+                    out.append(start)
+                start = reader.line_num + 1
+            return out[1:]
+        numbers = [n for n, line in enumerate(f, start=1) if line.strip()]
+    return numbers[1:] if header else numbers
