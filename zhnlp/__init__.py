@@ -31,6 +31,7 @@ for _message in ("Transformer Engine and Apex are not installed", "tp_group is N
 
 # public name -> module that defines it; imported on first access (PEP 562)
 _LAZY = {
+    "AutoConfig": "zhnlp.configuration",
     "AutoModel": "zhnlp.auto",
     "AutoModelForMaskedLM": "zhnlp.auto",
     "AutoModelForQuestionAnswering": "zhnlp.auto",

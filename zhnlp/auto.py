@@ -15,10 +15,6 @@ from zhnlp.errors import ModelNotFoundError
 from zhnlp.models import family_for_model_type
 from zhnlp.models.common.pretrained import PretrainedModel
 
-_DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-           "float16": torch.float16, "fp16": torch.float16}
-
-
 class _Auto:
     head = "base"
 
@@ -26,58 +22,100 @@ class _Auto:
         raise TypeError(f"use {type(self).__name__}.from_pretrained(name_or_path) or .from_config(config)")
 
     @classmethod
-    def from_pretrained(cls, name_or_path: str | os.PathLike, *, revision: str | None = None,
-                        dtype: str | torch.dtype | None = None, sequence_parallel: bool = False, seed: int = 1234,
-                        **config_overrides) -> PretrainedModel:
+    def from_pretrained(cls, name_or_path: str | os.PathLike, *, config=None, revision: str | None = None,
+                        cache_dir: str | os.PathLike | None = None, local_files_only: bool = False,
+                        token: str | bool | None = None, dtype: str | torch.dtype | None = None,
+                        torch_dtype: str | torch.dtype | None = None, device=None, device_map=None,
+                        ignore_mismatched_sizes: bool = False, trust_remote_code: bool = False,
+                        sequence_parallel: bool = False, seed: int = 1234, **config_overrides) -> PretrainedModel:
         """Load a model for the current parallel layout (a world of one if none was set up).
+
+        The arguments are transformers' where transformers has them.
 
         Args:
             name_or_path: a directory written by transformers or zhnlp, a model name from
                 ``zhnlp.list_models()`` (e.g. ``"ernie-3.0-base-zh"``), or a hub repo id.
+            config: an architecture config to use instead of the checkpoint's config.json
+                (``zhnlp.AutoConfig.from_pretrained(...)``, a config.json dict or a transformers config).
             revision: hub revision (branch, tag or commit) for names and repo ids.
-            dtype: parameter dtype (``"float32"``, ``"bfloat16"``, ``"float16"``).
+            cache_dir: the Hugging Face cache directory to read (and download) names and repo ids into.
+            local_files_only: never download; names and repo ids must be in the cache.
+            token: the hub token for private repos (``True``: the one saved by ``hf auth login``).
+            dtype: parameter dtype: ``"auto"`` (the default, as in transformers 5: config.json's ``dtype``,
+                else the weights' own), ``"float32"``, ``"bfloat16"``, ``"float16"`` or a torch dtype.
+                ``torch_dtype`` is its old name.
+            device: where the model runs (``"cpu"``, ``"cuda"``, ``"cuda:1"``, an index); by default this
+                rank's device. ``device_map``: the same for the single-device forms transformers accepts
+                (``"auto"``, a device, ``{"": device}``); maps over several devices are refused: split a
+                large model with ``zhnlp.distributed.init(tp=..., pp=...)``.
+            ignore_mismatched_sizes: freshly initialise (and name) weights whose size differs from the
+                architecture's, e.g. a classification head loaded with another ``num_labels``.
+            trust_remote_code: refused when True: zhnlp never runs code from a checkpoint.
             sequence_parallel: split activations along the sequence under tensor parallelism.
             seed: seeds the initialisation of head weights the checkpoint lacks.
             config_overrides: config.json fields to change, e.g. ``num_labels=3`` for a new head.
         """
-        directory = hub.resolve(name_or_path, revision=revision)
+        from zhnlp.configuration import as_family_config
+        from zhnlp.models.common import loading
+
+        loading.refuse_remote_code(trust_remote_code)
+        target = loading.pick_device(device, device_map)
+        directory = hub.resolve(name_or_path, revision=revision, cache_dir=cache_dir,
+                                local_files_only=local_files_only, token=token)
         source = str(directory / "config.json")
         raw = hub.read_config_json(source)
-        family = family_for_model_type(raw.get("model_type"), source)
-        _check_overrides(family.config_class, raw, config_overrides)
-        arch = family.config_class.from_dict(raw, source=source, **config_overrides)
+        if config is not None:
+            family, arch = as_family_config(config)
+            if config_overrides:
+                arch = family.config_class.from_dict(arch.to_dict(), **config_overrides)
+        else:
+            family = family_for_model_type(raw.get("model_type"), source)
+            _check_overrides(family.config_class, raw, config_overrides)
+            arch = family.config_class.from_dict(raw, source=source, **config_overrides)
+        params_dtype = loading.pick_dtype(dtype, torch_dtype, raw, lambda: _first_weight_dtype(directory))
+        loading.place(target)
         distributed.layout()  # a world of one when the user did not call zhnlp.distributed.init
-        return PretrainedModel.from_checkpoint(family, arch, cls.head, directory, seed=seed,
-                                               **_run_options(dtype, sequence_parallel))
+        model = PretrainedModel.from_checkpoint(family, arch, cls.head, directory, seed=seed,
+                                                ignore_mismatched_sizes=ignore_mismatched_sizes,
+                                                **_run_options(params_dtype, sequence_parallel))
+        model.name_or_path = os.fspath(name_or_path)
+        return model
 
     @classmethod
-    def from_config(cls, config, *, dtype=None, sequence_parallel: bool = False, seed: int = 1234) -> PretrainedModel:
+    def from_config(cls, config, *, dtype=None, torch_dtype=None, sequence_parallel: bool = False,
+                    seed: int = 1234) -> PretrainedModel:
         """A randomly initialised model (transformers' initialisation) from an architecture config:
-        a family config object, a config.json dict, or a model name (its card's config)."""
+        a family config object (``zhnlp.AutoConfig``), a config.json dict, a transformers config, or a model
+        name (its card's config). ``dtype``: as for from_pretrained; ``"auto"`` or None means float32 here."""
         from zhnlp import cards
+        from zhnlp.configuration import as_family_config
+        from zhnlp.models.common import loading
 
         if isinstance(config, str):
             config = dict(cards.require_card(config).config)
-        if isinstance(config, dict):
-            family = family_for_model_type(config.get("model_type"))
-            config = family.config_class.from_dict(config)
-        else:
-            family = family_for_model_type(getattr(config, "model_type", None))
+        family, config = as_family_config(config)
+        params_dtype = loading.pick_dtype(dtype, torch_dtype, {})
         distributed.layout()
-        return PretrainedModel.from_config(family, config, cls.head, seed=seed,
-                                           **_run_options(dtype, sequence_parallel))
+        model = PretrainedModel.from_config(family, config, cls.head, seed=seed,
+                                            **_run_options(params_dtype, sequence_parallel))
+        model.name_or_path = ""
+        return model
 
 
-def _run_options(dtype, sequence_parallel: bool) -> dict:
-    options = {}
-    if dtype is not None:
-        if isinstance(dtype, str):
-            if dtype not in _DTYPES:
-                raise ValueError(f"dtype {dtype!r} is not supported; choose one of {sorted(_DTYPES)}.")
-            dtype = _DTYPES[dtype]
-        options["params_dtype"] = dtype
-        options["bf16"] = dtype == torch.bfloat16
-        options["fp16"] = dtype == torch.float16
+def _first_weight_dtype(directory) -> torch.dtype | None:
+    """The dtype of the checkpoint's first floating-point weight (for ``dtype="auto"`` without a config entry)."""
+    from zhnlp.conversion.engine import CheckpointReader
+
+    reader = CheckpointReader(directory)
+    for key in sorted(reader.keys()):
+        found = reader.dtype(key)
+        if found.is_floating_point:
+            return found
+    return None
+
+
+def _run_options(dtype: torch.dtype, sequence_parallel: bool) -> dict:
+    options = {"params_dtype": dtype, "bf16": dtype == torch.bfloat16, "fp16": dtype == torch.float16}
     if sequence_parallel:
         if distributed.layout().tp == 1:
             raise ValueError("sequence_parallel=True needs tensor parallelism (tp >= 2); "

@@ -27,8 +27,13 @@ def _looks_like_path(s: str) -> bool:
     return s.startswith((".", "/", "~")) or s.count("/") > 1 or s.endswith("/")
 
 
-def resolve(name_or_path: str | os.PathLike, revision: str | None = None) -> Path:
-    """A local directory holding ``config.json`` and weights for ``name_or_path``."""
+def resolve(name_or_path: str | os.PathLike, revision: str | None = None, *,
+            cache_dir: str | os.PathLike | None = None, local_files_only: bool = False,
+            token: str | bool | None = None) -> Path:
+    """A local directory holding ``config.json`` and weights for ``name_or_path``.
+
+    ``cache_dir``, ``local_files_only`` and ``token`` mean what they mean to transformers: the Hugging Face
+    cache to use instead of the default one, never download (only the cache), the hub token."""
     raw = os.fspath(name_or_path)
     path = Path(raw).expanduser()
     if path.is_dir():
@@ -47,7 +52,7 @@ def resolve(name_or_path: str | os.PathLike, revision: str | None = None) -> Pat
     else:
         card = cards.require_card(raw)
         repo, rev = card.hub_repo, revision or card.revision
-    return _from_hub_cache(repo, rev, raw)
+    return _from_hub_cache(repo, rev, raw, cache_dir=cache_dir, local_files_only=local_files_only, token=token)
 
 
 def read_config_json(path: str | os.PathLike) -> dict:
@@ -88,22 +93,27 @@ def json_kind(value) -> str:
     return "null" if value is None else "number"
 
 
-def _from_hub_cache(repo: str, revision: str | None, asked: str) -> Path:
+def _from_hub_cache(repo: str, revision: str | None, asked: str, *, cache_dir=None, local_files_only: bool = False,
+                    token=None) -> Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import LocalEntryNotFoundError
 
+    where = dict(revision=revision, allow_patterns=ALLOW_PATTERNS, token=token,
+                 cache_dir=os.fspath(cache_dir) if cache_dir is not None else None)
     try:
-        return Path(snapshot_download(repo, revision=revision, allow_patterns=ALLOW_PATTERNS, local_files_only=True))
+        return Path(snapshot_download(repo, local_files_only=True, **where))
     except (LocalEntryNotFoundError, FileNotFoundError):
         pass
     offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+    cache = os.fspath(cache_dir) if cache_dir is not None else "~/.cache/huggingface/hub"
     how = (f"fetch it on a machine with access (`hf download {repo}`) and copy the Hugging Face cache "
-           f"(~/.cache/huggingface/hub) here, or pass a local directory")
-    if offline:
+           f"({cache}) here, or pass a local directory")
+    if offline or local_files_only:
+        why = "local_files_only=True" if local_files_only else "the hub is offline (HF_HUB_OFFLINE=1)"
         raise ModelNotFoundError(f"{asked}: no local directory of that name, and hub repo {repo!r} is not in the "
-                                 f"local Hugging Face cache while the hub is offline (HF_HUB_OFFLINE=1); {how}.")
+                                 f"Hugging Face cache {cache} while {why}; {how}.")
     try:
-        return Path(snapshot_download(repo, revision=revision, allow_patterns=ALLOW_PATTERNS))
+        return Path(snapshot_download(repo, **where))
     except Exception as e:  # network, auth and missing-repo errors all end here with one message
         raise ModelNotFoundError(f"{asked}: could not download hub repo {repo!r} ({type(e).__name__}); "
                                  f"{how}.") from None

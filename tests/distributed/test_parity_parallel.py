@@ -29,11 +29,13 @@ def cases(tmp_path_factory):
             hf.save_pretrained(case / "hf")
             batch = inputs(name, head)
             with torch.no_grad():
-                ref = hf(**batch)
+                ref = hf(**batch, output_hidden_states=True)
             save_file({k: v.contiguous() for k, v in batch.items()}, str(case / "inputs.safetensors"))
-            save_file({k: ref[k].contiguous() for k in OUTPUT_NAMES if getattr(ref, k, None) is not None},
-                      str(case / "reference.safetensors"))
-            (case / "meta.json").write_text(json.dumps({"name": name, "head": head}))
+            expected = {k: ref[k].contiguous() for k in OUTPUT_NAMES if getattr(ref, k, None) is not None}
+            expected.update({f"hidden_states.{i}": h.clone() for i, h in enumerate(ref.hidden_states)})
+            save_file(expected, str(case / "reference.safetensors"))
+            (case / "meta.json").write_text(json.dumps({"name": name, "head": head,
+                                                        "num_parameters": hf.num_parameters()}))
     return root
 
 
@@ -44,6 +46,7 @@ def check(cases: Path, tag: str, nproc: int) -> None:
         for rank in range(nproc):
             result = json.loads((case / f"result-{tag}-rank{rank}.json").read_text())
             assert not result["missing"], f"{case.name} rank {rank} lacks {result['missing']}"
+            assert result["num_parameters"] == json.loads((case / "meta.json").read_text())["num_parameters"]
             for k, d in result["diffs"].items():
                 assert d <= 1e-5, f"{case.name} [{tag}] rank {rank}: {k} differs by {d:.2e}"
             if tag.endswith("sp"):
@@ -55,9 +58,23 @@ def check(cases: Path, tag: str, nproc: int) -> None:
             cls = getattr(transformers, prefix + HF_CLASSES[meta["head"]])
             a = cls.from_pretrained(case / "hf").state_dict()
             b = cls.from_pretrained(saved).state_dict()
+            # saved in shards of at most 20KB (a larger tensor alone) by each stage, numbered over all stages
+            index = json.loads((saved / "model.safetensors.index.json").read_text())
+            shards = sorted(set(index["weight_map"].values()))
+            assert shards == [f"model-{i:05d}-of-{len(shards):05d}.safetensors" for i in range(1, len(shards) + 1)]
+            assert sorted(p.name for p in saved.glob("model*.safetensors")) == shards
             assert set(a) == set(b)
             for k in a:
                 assert torch.equal(a[k], b[k]), f"{case.name} [{tag}] round trip changed {k}"
+            if meta["head"] == "mlm":
+                resized = cls.from_pretrained(case / f"resized-{tag}").state_dict()
+                for k in a:
+                    if resized[k].shape != a[k].shape:  # the vocabulary rows: kept, then their mean
+                        assert resized[k].shape[0] == 270, k
+                        assert torch.equal(resized[k][:250], a[k]), k
+                        assert torch.allclose(resized[k][250:], a[k].mean(0).expand_as(resized[k][250:]), atol=1e-6)
+                    else:
+                        assert torch.equal(resized[k], a[k]), k
 
 
 @pytest.mark.parametrize("tp,pp,vpp,sp,nproc", [

@@ -122,6 +122,18 @@ class CheckpointReader:
         return _ColumnView(self, (start, end))
 
 
+class TensorReader(CheckpointReader):
+    """Full transformers-named tensors held in memory, read like a checkpoint directory (used to rebuild a
+    model with other sizes, e.g. ``resize_token_embeddings``)."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], name: str = "(in memory)"):
+        self.dir = Path(name)
+        self._rename = lambda k: k
+        self._torch_state = tensors
+        self._files = {k: (None, k) for k in tensors}
+        self._handles = {}
+
+
 class _ColumnView:
     def __init__(self, reader: CheckpointReader, cols: tuple[int, int]):
         self.reader, self.cols = reader, cols
@@ -212,20 +224,24 @@ def check_keys(table: Table, expected: dict[str, str | None], present: set[str],
 
 
 def check_shapes(expected: dict[str, tuple[tuple[int, ...], str]], reader: CheckpointReader, source: str,
-                 skip: set[str] = frozenset()) -> None:
+                 skip: set[str] = frozenset(), ignore_mismatched: bool = False) -> list[str]:
     """Compare every checkpoint key's shape with the one the architecture implies, for the whole
     model at once and before any weight is read, so every rank reaches the same verdict.
 
     ``expected``: key -> (shape, megatron parameter name), in the order to report them; keys
     absent from the checkpoint or in ``skip`` (freshly initialised heads) are not checked.
+    ``ignore_mismatched``: return the keys whose shape differs (to be freshly initialised)
+    instead of raising.
     """
     present = reader.keys()
-    wrong = [_mismatch(param, k, shape, reader.shape(k)) for k, (shape, param) in expected.items()
-             if k in present and k not in skip and tuple(reader.shape(k)) != tuple(shape)]
-    if wrong:
+    differ = [k for k, (shape, _) in expected.items()
+              if k in present and k not in skip and tuple(reader.shape(k)) != tuple(shape)]
+    if differ and not ignore_mismatched:
+        wrong = [_mismatch(expected[k][1], k, expected[k][0], reader.shape(k)) for k in differ]
         more = f"; ... and {len(wrong) - 4} more" if len(wrong) > 4 else ""
         raise CheckpointError(f"checkpoint {source} does not match its config.json: " + "; ".join(wrong[:4])
                               + more + ". " + _SHAPE_FIX)
+    return differ
 
 
 def _mismatch(param: str, key: str, expected, found) -> str:
@@ -234,7 +250,8 @@ def _mismatch(param: str, key: str, expected, found) -> str:
 
 _SHAPE_FIX = ("The config.json does not describe these weights: fix its sizes (vocab_size, hidden_size, "
               "intermediate_size, max_position_embeddings, type_vocab_size, num_labels, ...) or use the config.json "
-              "that came with the checkpoint.")
+              "that came with the checkpoint; or, to start a task head of another size (e.g. num_labels), pass "
+              "ignore_mismatched_sizes=True to from_pretrained to re-initialise the weights named.")
 
 
 def _shape(shape) -> str:

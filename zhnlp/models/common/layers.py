@@ -138,8 +138,11 @@ class PostLNTransformerLayer(TransformerLayer):
         the whole sequence). For the last layer under a head that reads only [CLS]: the
         result there is unchanged and the attention output, FFN and norms shrink from s
         positions to one. Not for sequence parallelism, where position 0 lives on one rank."""
-        self.first_token_only = True
-        self.self_attention.core_attention.first_query_only = True
+        self.set_first_token_only(True)
+
+    def set_first_token_only(self, on: bool) -> None:
+        self.first_token_only = on
+        self.self_attention.core_attention.first_query_only = on
 
     def forward(self, hidden_states, attention_mask=None, context=None, **_unused):
         # hidden_states: (s, b, h), or (s/tp, b, h) under sequence parallelism

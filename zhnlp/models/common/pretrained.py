@@ -20,22 +20,14 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from zhnlp import distributed, fileio
+from zhnlp import distributed
 from zhnlp.distributed import cpu
 from zhnlp.conversion import engine
 from zhnlp.models.common import heads as H
 from zhnlp.models.common.family import Family
+from zhnlp.models.common.outputs import ModelOutput
 
 logger = logging.getLogger("zhnlp")
-
-
-class ModelOutput(dict):
-    """Outputs by transformers' names, as attributes or keys; absent fields read as None."""
-
-    def __getattr__(self, name):
-        if name.startswith("__"):
-            raise AttributeError(name)
-        return self.get(name)
 
 
 class PretrainedModel(torch.nn.Module):
@@ -84,22 +76,32 @@ class PretrainedModel(torch.nn.Module):
 
     @classmethod
     def from_checkpoint(cls, family: Family, arch, head: str, directory: Path, seed: int = 1234,
-                        **run_options) -> "PretrainedModel":
-        """Load a transformers checkpoint directory, reading only this rank's slices."""
+                        ignore_mismatched_sizes: bool = False, **run_options) -> "PretrainedModel":
+        """Load a transformers checkpoint directory, reading only this rank's slices.
+
+        ``ignore_mismatched_sizes``: weights whose checkpoint shape differs from the architecture's (a task
+        head of another size) are freshly initialised, named in a warning, instead of refused."""
         bridge = family.bridge
         reader = engine.CheckpointReader(directory, rename=bridge.normalise_key(arch))
         table = bridge.table(arch)
         table.ignores = table.ignores + bridge.other_heads_keys(arch, table, head)
         expected = bridge.expected_keys(arch, table, head)
         report = engine.check_keys(table, expected, reader.keys(), set(bridge.HEAD_PARTS[head]), str(directory))
-        engine.check_shapes(bridge.expected_shapes(arch, table, head), reader, str(directory))
+        expected_shapes = bridge.expected_shapes(arch, table, head)
+        mismatched = engine.check_shapes(expected_shapes, reader, str(directory),
+                                         ignore_mismatched=ignore_mismatched_sizes)
         model = cls(family, arch, head, {"perform_initialization": False, **run_options})
         lay = model.layout
-        fresh = set(report.fresh)
+        fresh = set(report.fresh) | set(mismatched)
+        if mismatched and lay.rank == 0:
+            logger.warning("%s: weights of another size were freshly initialised (ignore_mismatched_sizes=True): %s; "
+                           "fine-tune before use.", directory, "; ".join(
+                               f"{k}: checkpoint {tuple(reader.shape(k))}, model {tuple(expected_shapes[k][0])}"
+                               for k in mismatched))
         for chunk in model.chunks:
             left = engine.load_chunk(chunk, table, reader, lay.tp_rank, lay.tp, fresh)
             model._init_parameters(chunk, set(left), seed)
-        model.fresh_weights = list(report.fresh)
+        model.fresh_weights = sorted(fresh)
         if report.fresh and lay.rank == 0:
             logger.warning("%s has no weights for %s; they are freshly initialised (fine-tune before use).",
                            directory, ", ".join(report.fresh))
@@ -139,14 +141,28 @@ class PretrainedModel(torch.nn.Module):
 
     # ------------------------------------------------------------------ forward
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, task_type_ids=None,
-                position_ids=None, labels=None, start_positions=None, end_positions=None) -> ModelOutput:
-        """Run the model; inputs are batch-first ``(b, s)``. Every rank receives complete outputs."""
+                position_ids=None, labels=None, start_positions=None, end_positions=None, *,
+                output_hidden_states: bool | None = None, output_attentions: bool | None = None,
+                return_dict: bool | None = None) -> ModelOutput | tuple:
+        """Run the model; inputs are batch-first ``(b, s)``. Every rank receives complete outputs.
+
+        ``output_hidden_states=True`` adds ``hidden_states``: the embeddings' output and every layer's,
+        ``num_hidden_layers + 1`` tensors ``(b, s, h)``, as transformers returns them. ``return_dict=False``
+        returns the tuple of present outputs (``out.to_tuple()``). Attention probabilities are not
+        available: megatron's attention does not return them.
+        """
+        if output_attentions:
+            from zhnlp.models.common.loading import UnsupportedOptionError
+
+            raise UnsupportedOptionError("output_attentions=True is not supported: megatron-core's attention "
+                                         "does not return its probabilities; drop the argument.")
         with cpu.scope():  # megatron's layers ask torch.cuda for their device
-            return self._forward(input_ids, attention_mask, token_type_ids, task_type_ids, position_ids, labels,
-                                 start_positions, end_positions)
+            out = self._forward(input_ids, attention_mask, token_type_ids, task_type_ids, position_ids, labels,
+                                start_positions, end_positions, bool(output_hidden_states))
+        return out if return_dict is None or return_dict else out.to_tuple()
 
     def _forward(self, input_ids, attention_mask, token_type_ids, task_type_ids, position_ids, labels,
-                 start_positions, end_positions) -> ModelOutput:
+                 start_positions, end_positions, hidden_states: bool = False) -> ModelOutput:
         dev = distributed.device()
         batch = {k: v.to(dev) for k, v in dict(
             input_ids=input_ids, attention_mask=attention_mask, token_type_ids=token_type_ids,
@@ -157,6 +173,17 @@ class PretrainedModel(torch.nn.Module):
         if self.transformer_config.sequence_parallel and seq % self.layout.tp:
             raise ValueError(f"under sequence parallelism the sequence length must be a multiple of tp={self.layout.tp}, "
                              f"got {seq}; pad the batch (e.g. tokenizer(..., pad_to_multiple_of={self.layout.tp})).")
+        if not hidden_states:
+            return self._run(batch, targets)
+        from zhnlp.models.common import hidden_states as HS
+
+        with HS.Recorder(self.chunks) as recorder:
+            out = self._run(batch, targets)
+        out["hidden_states"] = recorder.complete(self.layout, self.transformer_config.params_dtype,
+                                                 self.config.num_hidden_layers)
+        return ModelOutput(out)
+
+    def _run(self, batch: dict, targets: dict) -> ModelOutput:
         if self.layout.pp == 1:
             return ModelOutput(self.chunks[0](**batch, **targets))
         out = self._pipeline_forward(batch)
@@ -203,60 +230,103 @@ class PretrainedModel(torch.nn.Module):
         return out
 
     # ------------------------------------------------------------------ saving
-    def save_pretrained(self, directory: str | os.PathLike) -> None:
+    def save_pretrained(self, directory: str | os.PathLike, *, max_shard_size: int | str = "50GB",
+                        push_to_hub: bool = False, safe_serialization: bool = True, **hub_kwargs) -> None:
         """Write ``config.json`` and safetensors that transformers loads back exactly.
+
+        ``max_shard_size`` (bytes or ``"200MB"``-style, transformers' default 50GB): larger models are split
+        into ``model-0000i-of-0000N.safetensors`` with an index, by huggingface_hub's splitter.
+        ``push_to_hub=True`` then uploads the directory with huggingface_hub (``repo_id`` defaults to the
+        directory's name; ``token``, ``private``, ``commit_message``, ``revision``, ``create_pr`` as in
+        transformers); a failed upload raises :class:`~zhnlp.models.common.saving.PushToHubError` and leaves
+        the local save intact.
 
         Collective: every rank must call it. Files are written to temporary names and moved
         into place, so an interrupted save leaves an earlier checkpoint in the directory intact.
         """
+        from zhnlp.models.common import saving
+
+        if not safe_serialization:
+            raise ValueError("safe_serialization=False: zhnlp writes safetensors only (pickled weights can run "
+                             "code when loaded); drop the argument.")
+        options = saving.push_options(hub_kwargs, directory) if push_to_hub else {}
+        if hub_kwargs and not push_to_hub:
+            raise TypeError(f"save_pretrained got unexpected arguments {sorted(hub_kwargs)} (they are for "
+                            "push_to_hub=True).")
         with cpu.device_mode():
-            self._save_pretrained(Path(directory))
+            saving.save(self, Path(directory), max_shard_size=max_shard_size)
+        if push_to_hub:
+            saving.push(Path(directory), options.pop("repo_id", None), **options)
 
-    def _save_pretrained(self, directory: Path) -> None:
-        lay, bridge = self.layout, self.family.bridge
-        if lay.rank == 0:
-            directory.mkdir(parents=True, exist_ok=True)
-        distributed.barrier()
-        table = bridge.table(self.config)
-        rename = bridge.save_prefix_rename(self.config, self.head)
-        shard = "model.safetensors" if lay.pp == 1 else f"model-{lay.pp_rank + 1:05d}-of-{lay.pp:05d}.safetensors"
-        if lay.dp_rank == 0:
-            from megatron.core import parallel_state as ps
+    def push_to_hub(self, repo_id: str, *, max_shard_size: int | str = "50GB", **hub_kwargs) -> str | None:
+        """Save into a temporary directory and upload it to hub repo ``repo_id`` (see save_pretrained)."""
+        import tempfile
 
-            tensors = {}
-            for chunk in self.chunks:
-                gathered = engine.gather_chunk(chunk, table, ps.get_tensor_model_parallel_group(), lay.tp)
-                tensors.update({rename(k): v for k, v in gathered.items()})
-            if lay.tp_rank == 0:
-                engine.write_safetensors(tensors, directory / shard)
-        distributed.barrier()
-        if lay.rank == 0:
-            if lay.pp > 1:
-                self._write_index(directory)
-            config = self.config.to_dict(architecture=bridge.hf_architecture(self.config, self.head))
-            config["dtype"] = str(self.transformer_config.params_dtype).removeprefix("torch.")
-            fileio.write_json(directory / "config.json", config)
-        distributed.barrier()
+        from zhnlp.models.common import saving
 
-    def _write_index(self, directory: Path) -> None:
-        from safetensors import safe_open
+        options = saving.push_options({"repo_id": repo_id, **hub_kwargs}, repo_id)
+        with tempfile.TemporaryDirectory(prefix="zhnlp-push-") as tmp:
+            with cpu.device_mode():
+                saving.save(self, Path(tmp), max_shard_size=max_shard_size)
+            return saving.push(Path(tmp), options.pop("repo_id"), **options)
 
-        weight_map, total = {}, 0
-        for stage in range(self.layout.pp):
-            name = f"model-{stage + 1:05d}-of-{self.layout.pp:05d}.safetensors"
-            with safe_open(str(directory / name), framework="pt") as f:
-                for k in f.keys():
-                    weight_map[k] = name
-                    t = f.get_slice(k)
-                    numel = 1
-                    for d in t.get_shape():
-                        numel *= d
-                    total += numel * torch.finfo(self.transformer_config.params_dtype).bits // 8
-        index = {"metadata": {"total_size": total}, "weight_map": dict(sorted(weight_map.items()))}
-        fileio.write_json(directory / "model.safetensors.index.json", index)
-        stale = directory / "model.safetensors"
-        if stale.exists():  # a single-file save from an earlier run would shadow the shards
-            stale.unlink()
+    # ------------------------------------------------------------------ transformers' model API
+    @property
+    def device(self) -> torch.device:
+        """The device this rank's parameters live on."""
+        return next(self.parameters()).device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """The parameters' dtype."""
+        return self.transformer_config.params_dtype
+
+    def num_parameters(self, only_trainable: bool = False, exclude_embeddings: bool = False) -> int:
+        """Parameters of the whole model (every TP shard and PP stage), counted as transformers counts the
+        same model: the vocabulary without its padding rows, tied weights once."""
+        from zhnlp.models.common import api
+
+        return api.num_parameters(self, only_trainable, exclude_embeddings)
+
+    def get_input_embeddings(self):
+        """The word-embedding module (megatron's vocabulary-parallel embedding: this rank's rows of the
+        padded vocabulary); None on pipeline stages without the embeddings."""
+        embedding = getattr(self.chunks[0], "embedding", None)
+        return None if embedding is None else embedding.word_embeddings
+
+    def get_output_embeddings(self):
+        """The masked-LM vocabulary projection (tied to the input embeddings), or None."""
+        return getattr(self.chunks[-1], "output_layer", None)
+
+    def resize_token_embeddings(self, new_num_tokens: int | None = None, pad_to_multiple_of: int | None = None,
+                                mean_resizing: bool = True):
+        """Change the vocabulary size (``config.vocab_size``) to ``new_num_tokens``, as transformers does:
+        existing rows are kept, new rows start at the mean of the old ones (``mean_resizing=True``) or from
+        the model's initialisation. Collective. Returns the new input embeddings."""
+        from zhnlp.models.common import api
+
+        if new_num_tokens is None and pad_to_multiple_of is None:
+            return self.get_input_embeddings()
+        with cpu.device_mode():
+            api.resize_token_embeddings(self, new_num_tokens, pad_to_multiple_of, mean_resizing)
+        return self.get_input_embeddings()
+
+    def gradient_checkpointing_enable(self, gradient_checkpointing_kwargs: dict | None = None) -> None:
+        """Recompute each layer's activations in the backward pass instead of keeping them (megatron's full
+        recompute, one layer at a time): less memory, about a third more compute, same gradients."""
+        if gradient_checkpointing_kwargs and set(gradient_checkpointing_kwargs) - {"use_reentrant"}:
+            raise TypeError(f"gradient_checkpointing_kwargs {sorted(gradient_checkpointing_kwargs)}: only "
+                            "use_reentrant is accepted (megatron's recompute decides the rest).")
+        c = self.transformer_config
+        c.recompute_granularity, c.recompute_method, c.recompute_num_layers = "full", "uniform", 1
+
+    def gradient_checkpointing_disable(self) -> None:
+        c = self.transformer_config
+        c.recompute_granularity, c.recompute_method, c.recompute_num_layers = None, None, None
+
+    @property
+    def is_gradient_checkpointing(self) -> bool:
+        return self.transformer_config.recompute_granularity == "full"
 
 
 def _stable_hash(name: str) -> int:

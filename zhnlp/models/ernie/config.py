@@ -15,6 +15,7 @@ from pathlib import Path
 from zhnlp.errors import CheckpointError, LayoutError
 from zhnlp.models.common.activations import ACTIVATIONS
 from zhnlp.models.common import labels as L
+from zhnlp.models.common.config_io import ConfigFiles
 
 MODEL_TYPES = ("ernie", "bert")
 # Megatron pads the vocabulary so that every TP shard has the same size. We pad to a fixed
@@ -30,7 +31,7 @@ _RATES = {"hidden_dropout_prob": _DROPOUT, "attention_probs_dropout_prob": _DROP
 
 
 @dataclass
-class ErnieConfig:
+class ErnieConfig(ConfigFiles):
     """transformers' ErnieConfig/BertConfig fields that define the network."""
 
     model_type: str = "ernie"

@@ -7,6 +7,8 @@ TransformerBlock builds only this pipeline stage's layers, and ``pre_process`` /
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 from megatron.core import parallel_state, tensor_parallel
 from megatron.core.enums import ModelType
@@ -143,6 +145,22 @@ class ErnieModel(LanguageModule):
             "token_classification": {"logits": (batch, seq, a.num_labels)},
             "question_answering": {"start_logits": (batch, seq), "end_logits": (batch, seq)},
         }[self.head]
+
+    @contextlib.contextmanager
+    def all_positions(self):
+        """Compute every position of every layer for the duration (for ``output_hidden_states``): no
+        padding dropped, no [CLS]-only last layer."""
+        saved = self.drops_padding
+        layers = [layer for layer in self.encoder.layers if layer.first_token_only]
+        self.drops_padding = False
+        for layer in layers:
+            layer.set_first_token_only(False)
+        try:
+            yield
+        finally:
+            self.drops_padding = saved
+            for layer in layers:
+                layer.set_first_token_only(True)
 
     # -- forward -------------------------------------------------------------------------------
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, task_type_ids=None,
