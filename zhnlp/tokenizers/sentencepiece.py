@@ -7,9 +7,11 @@ turns a ``.model`` file into a transformers fast tokenizer whose ids equal
 ``SentencePieceProcessor.encode``; ``save_pretrained`` then writes a ``tokenizer.json`` that
 ``transformers.AutoTokenizer`` runs verbatim.
 
-The model file is a protobuf; the few fields needed beyond what ``SentencePieceProcessor``
-exposes (the normalisation table and whitespace rules) are read by a tiny wire-format reader
-here, so the ``protobuf`` package is not needed.
+The model file is read with ``sentencepiece``'s own protobuf classes (``sentencepiece_model_pb2``, which
+needs the ``protobuf`` package), and the fast pipeline is built by transformers' SentencePiece converter
+(``SpmConverter.build_tokenizer_from_spm_proto``), which follows the model's normaliser settings (the
+precompiled character map, whitespace rules, dummy prefix), ranks BPE merges by piece score and keeps
+user-defined pieces whole, as ``SentencePieceProcessor`` does.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import os
 from pathlib import Path
 
 import sentencepiece as spm
-from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, processors
+from tokenizers import Tokenizer, processors
 from transformers import PreTrainedTokenizerFast
 
 from zhnlp.errors import TokenizerError
@@ -29,96 +31,47 @@ SPECIAL = {"pad_token": "[PAD]", "unk_token": "[UNK]", "cls_token": "[CLS]", "se
 _MODEL_TYPES = {1: "unigram", 2: "bpe", 3: "word", 4: "char"}
 
 
-# ---------------------------------------------------------------- the .model protobuf, read by hand
-def _varint(buf: bytes, i: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = buf[i]
-        i += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, i
-        shift += 7
-
-
-def _fields(buf: bytes) -> dict[int, list]:
-    """Top-level fields of one protobuf message: ``{field number: [raw values]}``."""
-    out: dict[int, list] = {}
-    i = 0
-    while i < len(buf):
-        key, i = _varint(buf, i)
-        field, wire = key >> 3, key & 7
-        if wire == 0:
-            value, i = _varint(buf, i)
-        elif wire == 2:
-            n, i = _varint(buf, i)
-            value, i = buf[i:i + n], i + n
-        elif wire in (1, 5):
-            n = 8 if wire == 1 else 4
-            value, i = buf[i:i + n], i + n
-        else:
-            raise ValueError(f"unsupported protobuf wire type {wire}; the file is not a SentencePiece model.")
-        out.setdefault(field, []).append(value)
-    return out
-
-
-def read_model_spec(model_file: str | os.PathLike) -> dict:
-    """Model type, byte fallback and normaliser settings of a SentencePiece ``.model`` file."""
-    model = _fields(Path(model_file).read_bytes())
-    trainer = _fields(model.get(2, [b""])[0])  # ModelProto.trainer_spec
-    norm = _fields(model.get(3, [b""])[0])  # ModelProto.normalizer_spec
-    return {"model_type": _MODEL_TYPES.get(trainer.get(3, [1])[0], "unknown"),
-            "byte_fallback": bool(trainer.get(35, [0])[0]),
-            "precompiled_charsmap": norm.get(2, [b""])[0],
-            "add_dummy_prefix": bool(norm.get(3, [1])[0]),
-            "remove_extra_whitespaces": bool(norm.get(4, [1])[0])}
-
-
 # ---------------------------------------------------------------- .model -> tokenizers pipeline
-def _bpe_merges(vocab: dict[str, int], scores: dict[str, float]) -> list[tuple[str, str]]:
-    # SentencePiece BPE merges the adjacent pair whose concatenation is the highest-scoring piece;
-    # a merge list ordered by the score of the merged piece makes the Rust BPE do the same.
-    merges = []
-    for piece in vocab:
-        for cut in range(1, len(piece)):
-            left, right = piece[:cut], piece[cut:]
-            if left in vocab and right in vocab:
-                merges.append((-scores[piece], vocab[left], vocab[right], left, right))
-    merges.sort()
-    return [(left, right) for *_, left, right in merges]
+def read_model_proto(model_file: str | os.PathLike):
+    """The ``sentencepiece.ModelProto`` of a ``.model`` file (sentencepiece's own protobuf class).
+
+    Raises :class:`~zhnlp.errors.TokenizerError` for a file that is not a SentencePiece model (corrupt or
+    truncated protobuf, no pieces) and ImportError naming ``protobuf`` when that package is missing."""
+    try:
+        from google.protobuf.message import DecodeError
+        from sentencepiece import sentencepiece_model_pb2
+    except ImportError as e:
+        raise ImportError(f"reading a SentencePiece model needs the protobuf package ({e}); install it with "
+                          f"`pip install protobuf`.") from None
+    model_file = Path(model_file)
+    proto = sentencepiece_model_pb2.ModelProto()
+    try:
+        proto.ParseFromString(model_file.read_bytes())
+    except DecodeError as e:
+        raise TokenizerError(f"{model_file} is not a readable SentencePiece model ({e}); {_MODEL_FIX}.") from None
+    if not proto.pieces:
+        raise TokenizerError(f"{model_file} is a SentencePiece model without pieces; {_MODEL_FIX}.")
+    return proto
 
 
-def build_backend(model_file: str | os.PathLike) -> Tokenizer:
-    """The Rust ``tokenizers.Tokenizer`` equivalent of a SentencePiece model."""
-    spec = read_model_spec(model_file)
-    proc = spm.SentencePieceProcessor(model_file=os.fspath(model_file))
-    pieces = [(proc.id_to_piece(i), proc.get_score(i)) for i in range(proc.get_piece_size())]
-    unk_id = proc.unk_id()
-    if spec["model_type"] == "unigram":
-        model = models.Unigram(pieces, unk_id=unk_id, byte_fallback=spec["byte_fallback"])
-    elif spec["model_type"] == "bpe":
+def build_backend(model_file: str | os.PathLike, proto=None) -> Tokenizer:
+    """The Rust ``tokenizers.Tokenizer`` equivalent of a SentencePiece model (unigram or BPE), with the
+    ``[CLS] A [SEP] B [SEP]`` template when the model has bos/eos pieces."""
+    from transformers.convert_slow_tokenizer import SpmConverter
+
+    proto = proto if proto is not None else read_model_proto(model_file)
+    model_type = _MODEL_TYPES.get(proto.trainer_spec.model_type, "unknown")
+    pieces = [(piece.piece, piece.score) for piece in proto.pieces]
+    if model_type == "unigram":
+        vocab = pieces
+    elif model_type == "bpe":
         vocab = {piece: i for i, (piece, _) in enumerate(pieces)}
-        scores = dict(pieces)
-        model = models.BPE(vocab, _bpe_merges(vocab, scores), unk_token=pieces[unk_id][0], fuse_unk=True,
-                           byte_fallback=spec["byte_fallback"])
     else:
-        raise ValueError(f"{model_file}: SentencePiece model type {spec['model_type']!r} is not supported; train a "
-                         "'unigram' or 'bpe' model.")
-    backend = Tokenizer(model)
-    steps = [normalizers.Precompiled(spec["precompiled_charsmap"])] if spec["precompiled_charsmap"] else []
-    if spec["remove_extra_whitespaces"]:
-        # SentencePiece drops leading/trailing spaces and squeezes runs of them.
-        steps += [normalizers.Strip(left=True, right=True), normalizers.Replace(Regex(" {2,}"), " ")]
-    backend.normalizer = normalizers.Sequence(steps)
-    prepend = "always" if spec["add_dummy_prefix"] else "never"
-    backend.pre_tokenizer = pre_tokenizers.Metaspace(replacement="\u2581", prepend_scheme=prepend)
-    # Decoding: pieces' "\u2581" back to spaces, <0xNN> byte pieces back to UTF-8, then drop the
-    # one space the dummy prefix added.
-    decode = [decoders.Replace("\u2581", " ")] + ([decoders.ByteFallback()] if spec["byte_fallback"] else [])
-    decode += [decoders.Fuse()] + ([decoders.Strip(" ", 1, 0)] if spec["add_dummy_prefix"] else [])
-    backend.decoder = decoders.Sequence(decode)
-    cls, sep = proc.bos_id(), proc.eos_id()
-    if cls >= 0 and sep >= 0:
+        raise TokenizerError(f"{model_file}: SentencePiece model type {model_type!r} is not supported; train a "
+                             "'unigram' or 'bpe' model.")
+    backend = SpmConverter.build_tokenizer_from_spm_proto(proto, vocab)
+    cls, sep = proto.trainer_spec.bos_id, proto.trainer_spec.eos_id
+    if 0 <= cls < len(pieces) and 0 <= sep < len(pieces):
         cls_piece, sep_piece = pieces[cls][0], pieces[sep][0]
         backend.post_processor = processors.TemplateProcessing(
             single=f"{cls_piece}:0 $A:0 {sep_piece}:0",
@@ -137,15 +90,15 @@ def load_sentencepiece(model_file: str | os.PathLike, **kwargs) -> PreTrainedTok
     if not model_file.is_file():
         raise FileNotFoundError(f"no SentencePiece model at {model_file}; train one with train_sentencepiece "
                                 "(`zhnlp tokenizer train-sentencepiece`).")
-    proc = _processor(model_file)
-    try:
-        backend = build_backend(model_file)
-    except (IndexError, ValueError) as e:  # the hand-read protobuf fields are truncated or malformed
-        raise TokenizerError(f"{model_file} is not a readable SentencePiece model ({e}); {_MODEL_FIX}.") from None
-    named = {"pad_token": proc.pad_id(), "unk_token": proc.unk_id(), "cls_token": proc.bos_id(),
-             "sep_token": proc.eos_id(), "mask_token": proc.piece_to_id(SPECIAL["mask_token"])}
-    special = {key: proc.id_to_piece(i) for key, i in named.items()
-               if i >= 0 and not (key == "mask_token" and i == proc.unk_id())}
+    _processor(model_file)  # sentencepiece's own checks of the model (and its error for an unreadable file)
+    proto = read_model_proto(model_file)
+    backend = build_backend(model_file, proto)
+    pieces = [piece.piece for piece in proto.pieces]
+    spec = proto.trainer_spec
+    named = {"pad_token": spec.pad_id, "unk_token": spec.unk_id, "cls_token": spec.bos_id,
+             "sep_token": spec.eos_id,
+             "mask_token": pieces.index(SPECIAL["mask_token"]) if SPECIAL["mask_token"] in pieces else -1}
+    special = {key: pieces[i] for key, i in named.items() if 0 <= i < len(pieces)}
     return PreTrainedTokenizerFast(tokenizer_object=backend, model_input_names=["input_ids", "token_type_ids",
                                                                                 "attention_mask"],
                                    **{**special, **kwargs})
