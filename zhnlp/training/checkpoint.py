@@ -252,12 +252,26 @@ def resume(trainer) -> Path | None:
 
 def _sharded_state(trainer, with_optimizer: bool, loading: bool = False):
     # the chunks inside megatron's DDP wrappers: their keys carry no "module." prefix
-    model = {f"model{i}": chunk.module.sharded_state_dict() for i, chunk in enumerate(trainer.chunks)}
+    model = {f"model{i}": _module_state(chunk.module) for i, chunk in enumerate(trainer.chunks)}
     state = dict(model)
     if with_optimizer:
         # when loading, the optimizer first creates its (empty) state so that there is a slot per tensor
         state["optimizer"] = trainer.optimizer.sharded_state_dict(model, is_loading=loading)
     return state
+
+
+def _module_state(module):
+    """A chunk's sharded state dict. megatron's LanguageModule expects a vocabulary projection
+    (``output_layer``) on the last stage of every model that does not tie it to the embeddings; a
+    fine-tuning head (classifier, span or tagging head) has none, so its chunks take the generic
+    MegatronModule state dict (every parameter, the head's replicated)."""
+    from megatron.core.models.common.language_module.language_module import LanguageModule
+    from megatron.core.transformer.utils import ensure_metadata_has_dp_cp_group
+
+    if (isinstance(module, LanguageModule) and getattr(module, "post_process", False)
+            and not module.share_embeddings_and_output_weights and not hasattr(module, "output_layer")):
+        return super(LanguageModule, module).sharded_state_dict("", (), ensure_metadata_has_dp_cp_group(None))
+    return module.sharded_state_dict()
 
 
 def _inner(optimizer) -> list:
@@ -405,7 +419,7 @@ def load(trainer, path: Path) -> None:
         why = why or f"trainer.json lacks {', '.join(missing)}"
         raise CheckpointError(f"{path} is not a complete zhnlp checkpoint ({why}); load a step_NNNNNNN directory "
                               "that `zhnlp pretrain` wrote.")
-    if info["model"] != trainer.cfg.model:
+    if info["model"] != json.loads(json.dumps(trainer.cfg.model)):  # as trainer.json holds it (id2label keys: str)
         raise CheckpointError(f"{path} was saved for a different architecture than recipe {trainer.cfg.recipe!r}; "
                               "resume with the recipe that wrote it.")
     lay = trainer.layout
