@@ -36,22 +36,22 @@ def _hf(task, directory, **kwargs):
     return transformers.pipeline(task, model=str(directory), tokenizer=str(directory), **kwargs)
 
 
-def _same(ours, theirs, path="result", word=None):
+def _same(ours, theirs, path="result", word=None, tol=1e-5):
     """Same structure, keys and types (numpy scalars count as the Python type zhnlp returns), equal values,
-    floats within 1e-5; ``word(key, ours, theirs)`` may relax the comparison of one key."""
+    floats within ``tol``; ``word(key, ours, theirs)`` may relax the comparison of one key."""
     if isinstance(theirs, list):
         assert isinstance(ours, list) and len(ours) == len(theirs), f"{path}: {ours!r} vs {theirs!r}"
         for i, (a, b) in enumerate(zip(ours, theirs)):
-            _same(a, b, f"{path}[{i}]", word)
+            _same(a, b, f"{path}[{i}]", word, tol)
     elif isinstance(theirs, dict):
         assert isinstance(ours, dict) and list(ours) == list(theirs), f"{path}: keys {list(ours)} vs {list(theirs)}"
         for key in theirs:
             if word is not None and word(key, ours[key], theirs[key]):
                 continue
-            _same(ours[key], theirs[key], f"{path}.{key}", word)
+            _same(ours[key], theirs[key], f"{path}.{key}", word, tol)
     elif isinstance(theirs, (float, np.floating)):
         assert type(ours) is float, f"{path}: {type(ours).__name__}, expected a float"
-        assert math.isclose(ours, float(theirs), abs_tol=1e-5), f"{path}: {ours} vs {theirs}"
+        assert math.isclose(ours, float(theirs), abs_tol=tol), f"{path}: {ours} vs {theirs}"
     else:
         assert type(ours) is type(theirs.item() if isinstance(theirs, np.generic) else theirs), path
         assert ours == theirs, f"{path}: {ours!r} vs {theirs!r}"
@@ -241,6 +241,7 @@ def test_qa_without_an_answer_prefers_the_null_answer(models, monkeypatch):
 
 
 # ---------------------------------------------------------------------------------------------- device, dtype, objects
+@pytest.mark.skipif(torch.cuda.is_available(), reason="zhnlp models run on the GPU where there is one")
 def test_device_argument_forms(models):
     directory = models / "seq"
     expected = zhnlp.pipeline("sentiment-analysis", directory)("很好吃")
@@ -267,11 +268,13 @@ def test_a_cuda_device_without_cuda_is_one_clear_error(models, device):
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
-def test_cuda_device_gives_the_cpu_results(models):
-    cpu = zhnlp.pipeline("ner", models / "ner", device="cpu")(NER_TEXTS)
-    gpu_pipe = zhnlp.pipeline("ner", models / "ner", device=0)
-    assert gpu_pipe.device.type == "cuda"
-    _same(gpu_pipe(NER_TEXTS), cpu)
+@pytest.mark.parametrize("device", ["cuda", "cuda:0", 0, torch.device("cuda", 0)])
+def test_cuda_device_gives_transformers_cpu_results(models, device):
+    pipe = zhnlp.pipeline("ner", models / "ner", device=device)
+    assert pipe.device.type == "cuda"
+    _same(pipe(NER_TEXTS[0]), _hf("ner", models / "ner", device=-1)(NER_TEXTS[0]), tol=1e-4)
+    model = zhnlp.AutoModelForTokenClassification.from_pretrained(models / "ner", device=device)
+    _same(zhnlp.pipeline("ner", model, device=device)(NER_TEXTS[0]), pipe(NER_TEXTS[0]))
 
 
 def test_dtype_argument_forms(models):
@@ -322,6 +325,11 @@ def test_a_model_object_instead_of_a_name(models):
     with pytest.raises(ValueError, match="dtype=torch.bfloat16 was asked but the model object's parameters are "
                                          "torch.float32"):
         zhnlp.pipeline("ner", model, tokenizer=directory, dtype="bfloat16")
+    assert zhnlp.pipeline("ner", model, tokenizer=directory, dtype="auto", device=model.device).device == model.device
+    other = "cpu" if model.device.type == "cuda" else "cuda"
+    if other == "cpu" or torch.cuda.is_available():
+        with pytest.raises(ValueError, match=f"device='{other}' was asked but the model object is on "):
+            zhnlp.pipeline("ner", model, tokenizer=directory, device=other)
 
 
 # ---------------------------------------------------------------------------------------------- names

@@ -95,21 +95,18 @@ class Pipeline:
             raise ValueError(f"max_length must be an integer of at least 8 tokens, got {max_length!r}.")
         self.batch_size = batch_size
         self.options = self._merge_options(options)
-        device = resolve_device(device)
+        device, dtype = resolve_device(device), resolve_dtype(dtype)
         is_object = isinstance(model, torch.nn.Module)
-        dtype = resolve_dtype(dtype, None if is_object else (model if model is not None else self.default_model))
         # refused below with a fuller message, so from_pretrained's own notice of fresh weights would be a repeat
         quiet = _DropFreshWeightsNotice() if not allow_untrained else None
         if quiet:
             logger.addFilter(quiet)
         try:
-            self.model = (self._model_object(model, dtype) if is_object
+            self.model = (self._model_object(model, dtype, device) if is_object
                           else self._construct_model(model, dtype, device))
         finally:
             if quiet:
                 logger.removeFilter(quiet)
-        if device is not None and device != self.device:
-            self.model.to(device)
         if is_object:
             name = getattr(model, "name_or_path", None) or f"the {type(model).__name__} object given as model="
         else:
@@ -145,9 +142,8 @@ class Pipeline:
 
     # ------------------------------------------------------------------ steps 1 and 2
     def _construct_model(self, model, dtype=None, device=None):
-        """Step 1: load the model with this task's Auto class, in eval mode (on ``device`` when given)."""
-        import inspect
-
+        """Step 1: load the model with this task's Auto class, in eval mode (``dtype``/``device`` given to
+        ``from_pretrained``, which builds it there)."""
         import zhnlp.auto
 
         name = model if model is not None else self.default_model
@@ -155,13 +151,10 @@ class Pipeline:
             raise ValueError(f"the {self.task!r} pipeline needs a fine-tuned model: pass its directory (one written by "
                              f"save_pretrained or `zhnlp export`) or hub repo id as model= (--model on the command "
                              f"line).")
-        auto = getattr(zhnlp.auto, self.auto_class)
-        kwargs = {"dtype": dtype} if dtype is not None else {}
-        if device is not None and "device" in inspect.signature(auto.from_pretrained).parameters:
-            kwargs["device"] = device  # built there directly (else moved after loading)
-        return auto.from_pretrained(name, **kwargs).eval()
+        kwargs = {key: value for key, value in (("dtype", dtype), ("device", device)) if value is not None}
+        return getattr(zhnlp.auto, self.auto_class).from_pretrained(name, **kwargs).eval()
 
-    def _model_object(self, model, dtype):
+    def _model_object(self, model, dtype, device):
         """Step 1 for an already-built model: a zhnlp model with this task's head, put in eval mode."""
         import zhnlp.auto
 
@@ -174,11 +167,15 @@ class Pipeline:
         if head != auto.head:
             raise ValueError(f"the {self.task!r} pipeline needs a model with the {self.head} "
                              f"(zhnlp.{self.auto_class}), got one with the {head!r} head.")
-        from zhnlp.pipelines.placement import parameters_dtype
+        from zhnlp.pipelines.placement import parameters_device, parameters_dtype, same_device
 
-        if dtype is not None and parameters_dtype(model) != dtype:
+        if dtype not in (None, "auto") and parameters_dtype(model) != dtype:
             raise ValueError(f"dtype={dtype} was asked but the model object's parameters are "
                              f"{parameters_dtype(model)}; load it with from_pretrained(..., dtype=...) or drop dtype=.")
+        if device is not None and not same_device(parameters_device(model), device):
+            raise ValueError(f"device={str(device)!r} was asked but the model object is on {parameters_device(model)} "
+                             f"(zhnlp runs a model on the device it was loaded for); load it with "
+                             f"from_pretrained(..., device=...) or drop device=.")
         return model.eval()
 
     def _refuse_untrained(self, name: str) -> None:

@@ -5,14 +5,16 @@ a string (``"cpu"``, ``"cuda"``, ``"cuda:1"``), a :class:`torch.device`, or an i
 CUDA device ``k``). A CUDA device on a machine (or torch build) without one is one clear ValueError, never a
 silent fallback to the CPU.
 
-``dtype``: ``None`` (the loader's default, float32), a string (``"float32"``/``"fp32"``, ``"bfloat16"``/``"bf16"``,
-``"float16"``/``"fp16"``), a :class:`torch.dtype`, or ``"auto"``: the dtype the checkpoint's ``config.json``
-records (``dtype``, or the older ``torch_dtype``), float32 when it records none.
+``dtype``: ``None`` or ``"auto"`` (``from_pretrained``'s default, as in transformers 5: the dtype config.json
+records, else the weights' own), a string (``"float32"``/``"fp32"``, ``"bfloat16"``/``"bf16"``,
+``"float16"``/``"fp16"``) or a :class:`torch.dtype`.
+
+A model object stays where it is: zhnlp runs a model on its rank's device (megatron-core keeps one device per
+process), so ``device=`` must name the device the object is on (load it with ``from_pretrained(...,
+device=...)``), and ``dtype=`` its parameters' dtype.
 """
 
 from __future__ import annotations
-
-import os
 
 import torch
 
@@ -50,43 +52,27 @@ def resolve_device(device) -> torch.device | None:
     return device
 
 
-def resolve_dtype(dtype, model=None) -> torch.dtype | None:
-    """``dtype`` as a :class:`torch.dtype` (None stays None); ``"auto"`` reads the checkpoint's config.json of
-    ``model`` (a name, repo id or directory) and gives None when the model is an object or records no dtype."""
-    if dtype is None or isinstance(dtype, torch.dtype):
-        return _supported(dtype) if dtype is not None else None
+def resolve_dtype(dtype) -> torch.dtype | str | None:
+    """``dtype`` as a :class:`torch.dtype`, or ``"auto"``/None as they are (for ``from_pretrained``)."""
+    if dtype is None or dtype == "auto":
+        return dtype
+    if isinstance(dtype, torch.dtype):
+        if dtype not in DTYPES.values():
+            raise ValueError(f"dtype {dtype} is not supported; use torch.float32, torch.bfloat16 or torch.float16.")
+        return dtype
     if not isinstance(dtype, str):
         raise TypeError(f"dtype must be a string or a torch.dtype, got {type(dtype).__name__}.")
     name = dtype.removeprefix("torch.")
-    if name == "auto":
-        if model is None or not isinstance(model, (str, os.PathLike)):
-            return None
-        return _checkpoint_dtype(model)
     if name not in DTYPES:
         raise ValueError(f"dtype {dtype!r} is not supported; choose one of {sorted(DTYPES)} or 'auto' (the "
                          f"checkpoint's own dtype).")
     return DTYPES[name]
 
 
-def _supported(dtype: torch.dtype) -> torch.dtype:
-    if dtype not in DTYPES.values():
-        raise ValueError(f"dtype {dtype} is not supported; use torch.float32, torch.bfloat16 or torch.float16.")
-    return dtype
-
-
-def _checkpoint_dtype(model) -> torch.dtype | None:
-    from zhnlp import hub
-
-    directory = hub.resolve(model)
-    raw = hub.read_config_json(str(directory / "config.json"))
-    recorded = raw.get("dtype") or raw.get("torch_dtype")
-    if recorded is None:
-        return None
-    name = str(recorded).removeprefix("torch.")
-    if name not in DTYPES:
-        raise ValueError(f"{directory / 'config.json'} records dtype {recorded!r}, which zhnlp cannot run; pass "
-                         f"dtype= one of {sorted(DTYPES)} instead of 'auto'.")
-    return DTYPES[name]
+def same_device(actual: torch.device, wanted: torch.device) -> bool:
+    """True when ``actual`` is ``wanted`` (``"cuda"`` without an index matches any CUDA device)."""
+    return actual.type == wanted.type and (wanted.index is None or actual.index == wanted.index
+                                           or actual.type == "cpu")
 
 
 def parameters_device(model) -> torch.device:
