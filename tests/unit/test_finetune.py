@@ -405,8 +405,9 @@ def test_short_mrc_run(tiny, tmp_path):
 
 @pytest.mark.slow
 def test_sigterm_keeps_the_best_model_and_consistent_metrics(tiny, tmp_path):
-    """SIGTERM mid-run: the step in flight finishes, the best model of the finished epochs stays in
-    OUTPUT/model, metrics.json says interrupted and describes that model, the exit status is 143."""
+    """SIGTERM mid-run: the step in flight finishes and is checkpointed, the best model of the finished
+    epochs stays in OUTPUT/model, metrics.json says interrupted and describes that model, the exit status
+    is 143."""
     import os
     import signal
     import subprocess
@@ -436,6 +437,8 @@ def test_sigterm_keeps_the_best_model_and_consistent_metrics(tiny, tmp_path):
     best = metrics["best_epoch"]
     assert best is not None and metrics["dev"] == metrics["epochs"][best - 1]["dev"]
     assert (out / "model" / "config.json").is_file() and not (out / "model.incomplete").exists()
-    assert not (out / "checkpoints").exists()  # fine-tuning keeps its best model, not a training checkpoint
+    # besides its best model, the run leaves a training checkpoint of the step it stopped at (resume=True)
+    assert (out / "checkpoints" / f"step_{metrics['stopped_at_step']:07d}" / "manifest.json").is_file()
     assert f"zhnlp: stopped by SIGTERM" in err and f"the best model so far (epoch {best}) is in {out / 'model'}" in err
+    assert "continue with --resume" in err
     assert "Traceback" not in err
