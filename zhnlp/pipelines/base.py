@@ -11,7 +11,8 @@ Every task follows the same five steps (the shape of PaddleNLP's Taskflow):
    into the caller's string.
 
 Inputs are consumed ``batch_size`` at a time (``iter_results``), so an input stream of any length runs in bounded
-memory; ``__call__`` returns one result for one input and a list for a non-empty list.
+memory; ``__call__`` returns what transformers' pipeline of the task returns for one input (``single_result``)
+and a list of per-input results for a non-empty list.
 
 A model whose task head was freshly initialised (a checkpoint without the head's weights, e.g. a masked-LM
 checkpoint given to the sentiment pipeline) gives random outputs: building the pipeline refuses it unless
@@ -66,13 +67,17 @@ class Pipeline:
     """Base of the task pipelines; subclasses set the class attributes and implement steps 3 and 5.
 
     Args:
-        model: a model name (``zhnlp.list_models()``), hub repo id or directory written by ``save_pretrained``.
-        tokenizer: a tokenizer object or where to load one from; defaults to the model's directory.
+        model: a model name (``zhnlp.list_models()``), hub repo id or directory written by ``save_pretrained``;
+            or a zhnlp model object with this task's head (``zhnlp.AutoModelFor...from_pretrained(...)``).
+        tokenizer: a tokenizer object or where to load one from; defaults to the model's directory (for a model
+            object, its ``name_or_path``, which ``from_pretrained`` sets).
         batch_size: inputs per forward (features per forward where one input gives several windows).
         max_length: most tokens per feature, special tokens included; capped at the model's
             ``max_position_embeddings``.
         allow_untrained: run a model whose task head is freshly initialised (its outputs are random); by
             default such a model is refused with :class:`~zhnlp.errors.CheckpointError`.
+        device, dtype: where and in what precision the model runs (see :mod:`zhnlp.pipelines.placement`);
+            given to ``from_pretrained`` for a name, checked against a model object.
         options: the task's options (see each task's docstring); ``__call__`` may override them per call.
     """
 
