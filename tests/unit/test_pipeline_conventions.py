@@ -287,6 +287,9 @@ def test_dtype_argument_forms(models):
         [result] = pipe("很好吃")
         assert type(result["score"]) is float  # bf16 logits come back as Python floats too
         assert result["score"] == pytest.approx(expected["score"], abs=1e-5 if wanted == torch.float32 else 3e-2)
+    assert zhnlp.pipeline("sentiment-analysis", directory, torch_dtype="bfloat16").dtype == torch.bfloat16
+    with pytest.raises(ValueError, match="dtype='float32' and torch_dtype='bfloat16' disagree"):
+        zhnlp.pipeline("sentiment-analysis", directory, dtype="float32", torch_dtype="bfloat16")
     with pytest.raises(ValueError, match=r"dtype 'int8' is not supported; choose one of .* or 'auto'"):
         zhnlp.pipeline("sentiment-analysis", directory, dtype="int8")
 

@@ -62,7 +62,7 @@ def pipeline_class(task: str) -> type[Pipeline]:
 
 
 def pipeline(task: str, model=None, *, tokenizer=None, batch_size: int = 8, max_length: int = 512,
-             allow_untrained: bool = False, device=None, dtype=None, **task_options) -> Pipeline:
+             allow_untrained: bool = False, device=None, dtype=None, torch_dtype=None, **task_options) -> Pipeline:
     """A ready-to-call pipeline for ``task``: ``p(text) -> result``, ``p([texts]) -> [results]``.
 
     Args:
@@ -79,7 +79,7 @@ def pipeline(task: str, model=None, *, tokenizer=None, batch_size: int = 8, max_
             (``-1`` the CPU, ``k`` CUDA device ``k``); None leaves it where loading put it. A CUDA device on a
             machine without one is a ValueError. See :mod:`zhnlp.pipelines.placement`.
         dtype: parameter dtype for loading by name: ``"float32"``, ``"bfloat16"``, ``"float16"``, a torch dtype, or
-            ``"auto"`` (the dtype the checkpoint's config.json records).
+            ``"auto"`` (``from_pretrained``'s default: the checkpoint's own dtype). ``torch_dtype``: its old name.
         batch_size: inputs per forward pass (windows of long inputs count one each).
         max_length: most tokens per forward input (capped at the model's ``max_position_embeddings``).
         allow_untrained: run a model whose task head is freshly initialised (a checkpoint without the head's
@@ -92,6 +92,11 @@ def pipeline(task: str, model=None, *, tokenizer=None, batch_size: int = 8, max_
             ``hmm`` and ``userdict`` (word segmentation); see each task's class for what each result key means.
     """
     cls = pipeline_class(task)
+    if torch_dtype is not None:
+        if dtype is not None and dtype != torch_dtype:
+            raise ValueError(f"dtype={dtype!r} and torch_dtype={torch_dtype!r} disagree; pass only dtype (torch_dtype "
+                             f"is its old name).")
+        dtype = torch_dtype
     return cls(model, tokenizer=tokenizer, batch_size=batch_size, max_length=max_length,
                allow_untrained=allow_untrained, device=device, dtype=dtype, **task_options)
 

@@ -47,8 +47,9 @@ def resolve_device(device) -> torch.device | None:
                              f"(torch.cuda.is_available() is False, torch {torch.__version__}); pass device='cpu' "
                              f"(or -1), or run on a machine with a GPU and a CUDA build of torch.")
         if device.index is not None and device.index >= torch.cuda.device_count():
-            raise ValueError(f"device={str(device)!r} was asked but this machine has "
-                             f"{torch.cuda.device_count()} CUDA device(s) (indices 0..{torch.cuda.device_count() - 1}).")
+            count = torch.cuda.device_count()
+            raise ValueError(f"device={str(device)!r} was asked but this machine has {count} CUDA device(s) "
+                             f"(indices 0..{count - 1}).")
     return device
 
 

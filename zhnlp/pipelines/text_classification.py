@@ -14,8 +14,9 @@ class TextClassificationPipeline(Pipeline):
 
     Input: a string, a dict ``{"text": ..., "text_pair": ...}`` (``text_pair`` optional, e.g. for sentence-pair
     tasks such as AFQMC), or a non-empty list of those. Empty (or whitespace-only) texts and pairs are refused, as
-    are texts that are whole JSON objects (a jsonl line given as the text). Texts longer than ``max_length`` tokens (special tokens included)
-    are truncated to it: only their beginning is classified; a pair is trimmed from its longer side first.
+    are texts that are whole JSON objects (a jsonl line given as the text). Texts longer than ``max_length``
+    tokens (special tokens included) are truncated to it: only their beginning is classified; a pair is trimmed
+    from its longer side first.
 
     Output, as transformers' text-classification pipeline gives it:
 
