@@ -97,3 +97,31 @@ def test_parallel_fine_tuning_matches_one_process(tiny, tasks, single, tmp_path,
     same_training(single[task], other, f"{task} {name}")
     config = json.loads((tmp_path / name / "model" / "config.json").read_text(encoding="utf-8"))
     assert config["vocab_size"] == 21128  # exported unpadded, whatever the tensor-parallel padding
+
+
+def test_resume_at_dp2_continues_with_the_losses_of_an_uninterrupted_run(tiny, tmp_path):
+    """Through the Python API under torchrun (2 processes, data parallel): a run cut after step 7 resumes
+    from its step-4 checkpoint (mid-epoch) and logs the losses of the uninterrupted run, within 1e-6."""
+    from zhnlp.data.fetch import fetch
+
+    from tests.conftest import torchrun
+
+    reviews = fetch("sentiment-reviews")
+    train = write_jsonl(tmp_path / "train.jsonl", read_jsonl(reviews / "train.jsonl")[:96])
+    dev = write_jsonl(tmp_path / "dev.jsonl", read_jsonl(reviews / "dev.jsonl")[:32])
+    worker = Path(__file__).with_name("finetune_resume_worker.py")
+    for out, mode in ((tmp_path / "whole", "whole"), (tmp_path / "cut", "cut"), (tmp_path / "cut", "resume")):
+        torchrun(worker, 2, tiny, train, dev, out, mode)
+
+    def steps(out):
+        latest = {m["step"]: m for m in read_jsonl(out / "metrics.jsonl")}  # a resumed run appends
+        return [latest[k] for k in sorted(latest)]
+
+    whole, resumed = steps(tmp_path / "whole"), steps(tmp_path / "cut")
+    assert [m["step"] for m in resumed] == [m["step"] for m in whole] == list(range(1, 13))
+    for a, b in zip(whole, resumed):
+        assert abs(a["loss"] - b["loss"]) <= 1e-6, (a["step"], a["loss"], b["loss"])
+    ma, mb = read_json(tmp_path / "whole" / "metrics.json"), read_json(tmp_path / "cut" / "metrics.json")
+    assert [e["step"] for e in mb["epochs"]] == [6, 12] and mb["status"] == "complete"
+    for ea, eb in zip(ma["epochs"], mb["epochs"]):
+        assert eb["train_loss"] == pytest.approx(ea["train_loss"], abs=1e-6) and eb["dev"] == ea["dev"]
