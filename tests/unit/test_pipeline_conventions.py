@@ -377,3 +377,32 @@ def test_predict_prints_one_line_per_input_line(models, capsys, tmp_path):
     assert main(["predict", "fill-mask", "--model", str(models / "mlm"), "--aggregation-strategy", "simple",
                  "我爱[MASK]京"]) == 2
     assert "--aggregation-strategy does not apply to fill-mask" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------------------------- BMES grouping
+BMES = {0: "O", 1: "B-LOC", 2: "M-LOC", 3: "E-LOC", 4: "S-PER"}
+
+
+def test_bmes_tags_group_into_entities(tmp_path, monkeypatch):
+    """transformers reads only B-/I- prefixes; zhnlp also groups BMES: S- is a one-character entity, E- closes."""
+    from zhnlp.models.common.pretrained import ModelOutput
+
+    _build(tmp_path / "bmes", "ner", id2label=BMES)
+    ner = zhnlp.pipeline("ner", tmp_path / "bmes", aggregation_strategy="simple")
+    text = "李去上海市北京好"
+    tags = [4, 0, 1, 2, 3, 1, 3, 0]  # 李 S-PER, 上海市 B M E, 北京 B E, 好 O
+    ids = ner.tokenizer(text)["input_ids"]
+    by_position = dict(zip(range(1, len(ids) - 1), tags))
+
+    def forward(input_ids, attention_mask=None, token_type_ids=None, **_):
+        logits = torch.zeros(*input_ids.shape, len(BMES))
+        for position, tag in by_position.items():
+            logits[0, position, tag] = 10.0
+        logits[0, [0, len(ids) - 1], 0] = 10.0
+        return ModelOutput(logits=logits)
+    monkeypatch.setattr(ner.model, "forward", forward)
+    assert [(e["entity_group"], e["word"], e["start"], e["end"]) for e in ner(text)] == [
+        ("PER", "李", 0, 1), ("LOC", "上海市", 2, 5), ("LOC", "北京", 5, 7)]
+    per_token = ner(text, aggregation_strategy="none")
+    assert [e["entity"] for e in per_token] == ["S-PER", "B-LOC", "M-LOC", "E-LOC", "B-LOC", "E-LOC"]
+    assert [e["index"] for e in per_token] == [1, 3, 4, 5, 6, 7]
