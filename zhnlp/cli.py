@@ -51,6 +51,9 @@ COMMANDS = {
 }
 
 
+CONFIG_COMMANDS = ("pretrain", "finetune")
+
+
 def _add_models(sub) -> None:
     p = sub.add_parser("models", help=COMMANDS["models"][0])
     p.add_argument("--json", action="store_true", help="machine-readable output")
@@ -78,7 +81,12 @@ def build_parser(command: str | None = None) -> Parser:
                         help="only warnings and errors on stderr")
     parser.add_argument("-v", "--verbose", action="store_true", default=argparse.SUPPRESS,
                         help="also debugging messages")
-    sub = parser.add_subparsers(dest="command", required=True, parser_class=Parser, metavar="COMMAND")
+    # commands whose flags come from config dataclasses get parsers that read them (configargs imports
+    # transformers' HfArgumentParser: only when such a command is built)
+    parser_class = Parser
+    if command in CONFIG_COMMANDS or command == "*":
+        from zhnlp.configargs import ConfigParser as parser_class
+    sub = parser.add_subparsers(dest="command", required=True, parser_class=parser_class, metavar="COMMAND")
     for name, (help_text, where) in COMMANDS.items():
         if command in ("*", name):
             module, function = where.split(":")
@@ -162,6 +170,9 @@ def main(argv: list[str] | None = None) -> int:
         if os.environ.get("RANK", "0") == "0":
             print(f"zhnlp: {e}", file=sys.stderr)
         return e.exit_code
+    except BrokenPipeError:  # `zhnlp ... | head`: the reader has gone; nothing more to say
+        sys.stderr.close()
+        return 0
     except KeyboardInterrupt:
         if debug:
             raise

@@ -46,12 +46,10 @@ def _args(out: str) -> list[str]:
 
 def _pretrain_args(argv: list[str]) -> argparse.Namespace:
     """Parse the `zhnlp pretrain` part of a command with the real command-line parser."""
-    from zhnlp.training.command import add_cli
+    from zhnlp.cli import build_parser
 
-    parser = argparse.ArgumentParser()
-    add_cli(parser.add_subparsers())
     start = argv.index("zhnlp") + 1
-    return parser.parse_args(argv[start:])
+    return build_parser("pretrain").parse_args(argv[start:])
 
 
 # ------------------------------------------------------------------------------ syntax, usage
@@ -235,7 +233,7 @@ def test_pytorchjob_command_matches_the_operator_environment(job, stub_python):
             "--master-port=23456"} <= set(args)
     ns = _pretrain_args(args)
     assert ns.recipe in {"ernie-3.0-base", "ernie-3.0-xbase"} and ns.output.startswith("/shared/")
-    assert ns.data.startswith("/shared/")
+    assert ns.prefix.startswith("/shared/")  # --data sets the corpus prefix
 
 
 # ------------------------------------------------------------------------------ real runs

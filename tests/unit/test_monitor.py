@@ -132,3 +132,30 @@ def test_plot_command(tmp_path, capsys):
     assert args.func(args) == 0
     assert capsys.readouterr().out.strip() == str(tmp_path / "c.png")
     assert (tmp_path / "c.png").stat().st_size > 0
+
+
+def png_size(path):
+    data = path.read_bytes()
+    return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+
+
+def test_plot_draws_a_fine_tuning_runs_dev_scores(tmp_path):
+    from zhnlp.training.monitor import read_dev_scores
+
+    with Monitor(tmp_path, total_steps=30, tensorboard=False, progress=False) as mon:
+        for step in range(1, 31):
+            mon.log(metrics(step))
+    assert read_dev_scores(tmp_path) == {}
+    plain = png_size(plot_run(tmp_path, output=tmp_path / "plain.png"))
+    evaluations = [{"epoch": 1, "step": 10, "train_loss": 0.9, "dev": {"accuracy": 0.6, "f1": 0.5, "total": 40}},
+                   {"epoch": 2, "step": 20, "train_loss": 0.5, "dev": {"accuracy": 0.7, "f1": 0.65, "total": 40}},
+                   {"epoch": 3, "step": 30, "train_loss": 0.4, "dev": {"accuracy": 0.75, "f1": float("nan")}}]
+    (tmp_path / "metrics.json").write_text(json.dumps({"status": "complete", "epochs": evaluations}))
+    scores = read_dev_scores(tmp_path)
+    assert scores["accuracy"] == ([10.0, 20.0, 30.0], [0.6, 0.7, 0.75])
+    assert scores["f1"] == ([10.0, 20.0], [0.5, 0.65])  # a NaN score is left out
+    with_dev = png_size(plot_run(tmp_path))
+    assert with_dev[0] == plain[0] and with_dev[1] > plain[1]  # a third panel below the other two
+    (tmp_path / "metrics.json").write_text('{"epochs": [')
+    with pytest.raises(MetricsError, match="metrics.json is not valid JSON"):
+        plot_run(tmp_path)

@@ -2,70 +2,88 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
+import dataclasses
 
 from zhnlp.argtypes import input_file, integer, non_negative, number, positive
 from zhnlp.training.config import RECIPES, override, recipe
 
 
 def add_cli(subparsers) -> None:
-    p = subparsers.add_parser("pretrain", help="pretrain an ERNIE model (megatron-core engine)",
-                              description="Pretrain with a recipe; run under torchrun for several processes. "
-                                          "SIGTERM or Ctrl-C finishes the current step, writes a checkpoint "
-                                          "and exits 143 / 130; continue with --resume.")
-    p.add_argument("--recipe", default="ernie-debug", choices=sorted(RECIPES))
-    p.add_argument("--data", help="preprocessed corpus prefix (default for ernie-debug and ernie-tiny: the demo corpus)")
-    p.add_argument("--output", help="run directory (default runs/RECIPE); must be new or empty unless "
-                                    "--resume or --overwrite")
-    p.add_argument("--overwrite", action="store_true", help="delete the earlier run's results in --output first")
-    p.add_argument("--tp", type=positive)
-    p.add_argument("--pp", type=positive)
-    p.add_argument("--vpp", type=positive)
-    p.add_argument("--sequence-parallel", action="store_true", default=None)
-    p.add_argument("--steps", type=positive, help="length of the schedule in optimizer steps")
-    p.add_argument("--seed", type=non_negative)
-    p.add_argument("--lr", type=number(0, low_open=True))
-    p.add_argument("--micro-batch-size", type=positive)
-    p.add_argument("--global-batch-size", type=positive)
-    p.add_argument("--seq-length", type=integer(8), help="tokens per sample, [CLS] and [SEP] included")
-    p.add_argument("--precision", choices=["fp32", "bf16", "fp16"])
-    p.add_argument("--recompute", choices=["selective", "full"])
-    p.add_argument("--initial-loss-scale", type=number(0, low_open=True),
-                   help="fp16: where dynamic loss scaling starts")
-    p.add_argument("--distributed-optimizer", action="store_true", default=None)
-    p.add_argument("--log-interval", type=positive)
-    p.add_argument("--save-interval", type=non_negative,
-                   help="steps between distributed checkpoints (0: none, except on a stop signal)")
-    p.add_argument("--keep", type=non_negative, help="complete checkpoints to keep (default 3; 0 keeps every one)")
-    p.add_argument("--resume", action="store_true", default=None,
-                   help="continue from the newest complete checkpoint in --output")
-    p.add_argument("--stop-at", type=positive, help="end this process at this step (the schedule still spans "
-                                                    "--steps); with --save-interval, for time-limited jobs")
-    p.add_argument("--peak-tflops", type=number(0, low_open=True), help="per-device peak for the MFU column")
+    from zhnlp.training.config import (CheckpointConfig, DataConfig, LoggingConfig, OptimizerConfig, ParallelConfig,
+                                       RunConfig)
+
+    p = subparsers.add_parser(
+        "pretrain", dataclass_types=[RunConfig, ParallelConfig, OptimizerConfig, DataConfig, CheckpointConfig,
+                                     LoggingConfig], given_only=True,
+        help="pretrain an ERNIE model (megatron-core engine)",
+        description="Pretrain with a recipe; run under torchrun for several processes. The flags override the "
+                    "recipe's settings (--print-config shows the result; --config FILE sets them from a file). "
+                    "SIGTERM or Ctrl-C finishes the current step, writes a checkpoint and exits 143 / 130; "
+                    "continue with --resume.")
+    p.add_argument("--recipe", default=argparse.SUPPRESS, choices=sorted(RECIPES),
+                   help="the run to start from (default: the recipe named in --config, else ernie-debug)")
+    p.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS,
+                   help="JSON or YAML file of settings (as --print-config prints them), applied before the flags")
+    p.add_argument("--print-config", action="store_true", default=argparse.SUPPRESS,
+                   help="print the resolved configuration as JSON and exit")
+    p.add_argument("--overwrite", action="store_true", default=argparse.SUPPRESS,
+                   help="delete the earlier run's results in --output first")
+    p.add_argument("--stop-at", type=positive, default=argparse.SUPPRESS,
+                   help="end this process at this step (the schedule still spans --steps); with --save-interval, "
+                        "for time-limited jobs")
     p.set_defaults(func=_run)
 
 
+def resolve(args) -> "RunConfig":
+    """The run configuration of a ``zhnlp pretrain`` command line: recipe, then --config FILE, then flags."""
+    from zhnlp import configargs
+    from zhnlp.training.config import (CheckpointConfig, DataConfig, LoggingConfig, OptimizerConfig, ParallelConfig,
+                                       RunConfig)
+
+    data = configargs.read_config_file(args.config) if getattr(args, "config", None) else None
+    cfg = recipe(getattr(args, "recipe", None) or (data or {}).get("recipe") or "ernie-debug")
+    if data is not None:
+        unknown = sorted(set(data) - {f.name for f in dataclasses.fields(RunConfig)} - set(RunConfig.SECTIONS))
+        if unknown:
+            raise ValueError(f"--config {args.config}: unknown settings {unknown}; see --print-config for the names.")
+        if "model" in data:
+            cfg.model = dict(data.pop("model"))
+        data.pop("recipe", None)
+        try:
+            override(cfg, **configargs.flatten(data, RunConfig.SECTIONS))
+        except TypeError as e:
+            raise ValueError(f"--config {args.config}: {e}; see --print-config for the names.") from None
+    flags = configargs.given(args, RunConfig, ParallelConfig, OptimizerConfig, DataConfig, CheckpointConfig,
+                             LoggingConfig)
+    explicit_output = "output" in flags or (getattr(args, "config", None) and cfg.output != "runs/pretrain")
+    override(cfg, **flags)
+    if "recompute" in flags and flags["recompute"] is None:
+        cfg.recompute = None  # --recompute none: override() skips None values
+    if not explicit_output:
+        cfg.output = f"runs/{cfg.recipe}"
+    return cfg
+
+
 def _run(args) -> int:
+    from zhnlp import configargs
     from zhnlp.training.rundir import run_directory
     from zhnlp.training.trainer import Trainer
 
-    cfg = override(recipe(args.recipe), prefix=args.data, output=args.output, tp=args.tp, pp=args.pp, vpp=args.vpp,
-                   sequence_parallel=args.sequence_parallel, steps=args.steps, seed=args.seed, lr=args.lr,
-                   micro_batch_size=args.micro_batch_size, global_batch_size=args.global_batch_size,
-                   seq_length=args.seq_length, precision=args.precision, recompute=args.recompute,
-                   distributed_optimizer=args.distributed_optimizer, log_interval=args.log_interval,
-                   peak_tflops=args.peak_tflops, save_interval=args.save_interval, keep=args.keep,
-                   resume=args.resume, initial_loss_scale=args.initial_loss_scale)
-    if args.output is None:
-        cfg.output = f"runs/{cfg.recipe}"
-    if args.stop_at is not None and args.stop_at > cfg.steps:
-        raise ValueError(f"--stop-at {args.stop_at} is past the end of the schedule (--steps {cfg.steps}); "
+    cfg = resolve(args)
+    if getattr(args, "print_config", False):
+        print(configargs.to_json(cfg))
+        return 0
+    stop_at = getattr(args, "stop_at", None)
+    if stop_at is not None and stop_at > cfg.steps:
+        raise ValueError(f"--stop-at {stop_at} is past the end of the schedule (--steps {cfg.steps}); "
                          "lower --stop-at or raise --steps.")
-    with _process_groups(), run_directory(cfg.output, overwrite=args.overwrite,
+    with _process_groups(), run_directory(cfg.output, overwrite=getattr(args, "overwrite", False),
                                           resume=bool(cfg.checkpoint.resume)) as run:
         trainer = Trainer(cfg)
         run.clear_previous()  # the data and the model are ready: only now may --overwrite delete the earlier run
-        trainer.train(steps=args.stop_at)
+        trainer.train(steps=stop_at)
     return 0
 
 

@@ -10,75 +10,107 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
+from zhnlp.argtypes import integer, non_negative, number, positive
 from zhnlp.errors import LayoutError
+
+
+def _recompute(text: str) -> str | None:
+    """``--recompute none`` is the default (no recompute)."""
+    import argparse
+
+    if text not in ("none", "selective", "full"):
+        raise argparse.ArgumentTypeError(f"must be one of none, selective, full, got {text!r}")
+    return None if text == "none" else text
+
+
+def _f(default, help: str, **extra):
+    """A field with its default and its one-line help; ``extra``: ``check`` (the zhnlp.argtypes parser of its
+    flag), ``choices``, ``aliases``, ``cli=False`` (see :mod:`zhnlp.configargs`)."""
+    return field(default=default, metadata={"help": help, **extra})
+
+
+def _section(cls):
+    return field(default_factory=cls, metadata={"cli": False})
 
 
 @dataclass
 class ParallelConfig:
-    tp: int = 1
-    pp: int = 1
-    vpp: int | None = None
-    sequence_parallel: bool = False
+    tp: int = _f(1, "tensor-parallel size", check=positive)
+    pp: int = _f(1, "pipeline-parallel size", check=positive)
+    vpp: int | None = _f(None, "virtual pipeline chunks per stage (interleaved schedule)", check=positive)
+    sequence_parallel: bool = _f(False, "split activations along the sequence over the TP ranks (needs tp >= 2)")
 
 
 @dataclass
 class OptimizerConfig:
-    lr: float = 1e-4
-    min_lr: float = 1e-5
-    warmup_steps: int = 0
-    decay_style: str = "linear"  # constant, linear, cosine
-    weight_decay: float = 0.01
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_eps: float = 1e-8
-    clip_grad: float = 1.0
-    distributed_optimizer: bool = False
-    initial_loss_scale: float = 2.0**16  # fp16 only: dynamic loss scaling starts here
+    lr: float = _f(1e-4, "peak learning rate", check=number(0, low_open=True))
+    min_lr: float = _f(1e-5, "learning rate at the end of the decay", check=number(0))
+    warmup_steps: int = _f(0, "steps of linear warmup", check=non_negative)
+    decay_style: str = _f("linear", "learning-rate decay after warmup", choices=("constant", "linear", "cosine"))
+    weight_decay: float = _f(0.01, "AdamW weight decay", check=number(0))
+    adam_beta1: float = _f(0.9, "Adam beta1", check=number(0, 1, high_open=True))
+    adam_beta2: float = _f(0.999, "Adam beta2", check=number(0, 1, high_open=True))
+    adam_eps: float = _f(1e-8, "Adam epsilon", check=number(0, low_open=True))
+    clip_grad: float = _f(1.0, "clip the gradient norm to this (0: no clipping)", check=number(0))
+    distributed_optimizer: bool = _f(False, "shard optimizer states over the data-parallel ranks")
+    initial_loss_scale: float = _f(2.0**16, "fp16: where dynamic loss scaling starts",
+                                   check=number(0, low_open=True))
 
 
 @dataclass
 class DataConfig:
-    prefix: str | None = None  # preprocessed corpus (zhnlp preprocess --output PREFIX)
-    tokenizer: str | None = None  # directory or name; default: the corpus's tokenizer
-    seq_length: int = 128
-    micro_batch_size: int = 8
-    global_batch_size: int = 32
-    mask_prob: float = 0.15
-    max_ngram: int = 1
+    prefix: str | None = _f(None, "preprocessed corpus prefix (zhnlp preprocess --output PREFIX); default for "
+                                  "ernie-debug and ernie-tiny: the demo corpus", aliases=["--data"])
+    tokenizer: str | None = _f(None, "tokenizer directory or name (default: the corpus's tokenizer)")
+    seq_length: int = _f(128, "tokens per sample, [CLS] and [SEP] included", check=integer(8))
+    micro_batch_size: int = _f(8, "samples per forward pass and rank", check=positive)
+    global_batch_size: int = _f(32, "samples per optimizer step over all ranks", check=positive)
+    mask_prob: float = _f(0.15, "fraction of tokens masked", check=number(0, 1, low_open=True, high_open=True))
+    max_ngram: int = _f(1, "longest masked n-gram of whole words (1: whole-word masking)", check=positive)
 
 
 @dataclass
 class CheckpointConfig:
-    save_interval: int = 0  # steps between checkpoints (0: none, except on a stop signal)
-    keep: int = 3  # complete checkpoints to keep
-    resume: bool = False  # continue from the newest loadable checkpoint under OUTPUT/checkpoints
+    save_interval: int = _f(0, "steps between distributed checkpoints (0: none, except on a stop signal)",
+                            check=non_negative)
+    keep: int = _f(3, "complete checkpoints to keep (0 keeps every one)", check=non_negative)
+    resume: bool = _f(False, "continue from the newest loadable checkpoint under OUTPUT/checkpoints")
     # on SIGTERM/SIGINT: save a checkpoint after the current step, then Trainer.train raises Interrupted
     # (off for callers that keep their own results, such as fine-tuning's best model)
-    save_on_stop: bool = True
+    save_on_stop: bool = _f(True, "on SIGTERM/SIGINT save a checkpoint after the current step", cli=False)
 
 
 @dataclass
 class LoggingConfig:
-    log_interval: int = 1
-    peak_tflops: float = 1.0  # per device, for MFU; set your accelerator's dense peak
+    log_interval: int = _f(1, "steps between metrics lines", check=positive)
+    peak_tflops: float = _f(1.0, "per-device dense peak TFLOP/s, for the MFU column", check=number(0, low_open=True))
 
 
 @dataclass
 class RunConfig:
     """Everything a pretraining run needs besides the data files themselves."""
 
-    recipe: str
-    model: dict  # transformers config.json fields (model_type ernie/bert)
-    parallel: ParallelConfig = field(default_factory=ParallelConfig)
-    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
-    data: DataConfig = field(default_factory=DataConfig)
-    logging: LoggingConfig = field(default_factory=LoggingConfig)
-    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
-    steps: int = 100
-    seed: int = 1234
-    precision: str = "fp32"  # fp32, bf16, fp16
-    recompute: str | None = None  # None, selective, full
-    output: str = "runs/pretrain"
+    recipe: str = field(metadata={"cli": False})
+    model: dict = field(metadata={"cli": False})  # transformers config.json fields (model_type ernie/bert)
+    parallel: ParallelConfig = _section(ParallelConfig)
+    optimizer: OptimizerConfig = _section(OptimizerConfig)
+    data: DataConfig = _section(DataConfig)
+    logging: LoggingConfig = _section(LoggingConfig)
+    checkpoint: CheckpointConfig = _section(CheckpointConfig)
+    steps: int = _f(100, "length of the schedule in optimizer steps", check=positive)
+    seed: int = _f(1234, "seed of initialisation, data order and dropout", check=non_negative)
+    precision: str = _f("fp32", "parameter precision (bf16/fp16 keep fp32 main weights)",
+                        choices=("fp32", "bf16", "fp16"))
+    recompute: str | None = _f(None, "activation recompute: none, selective (attention) or full (whole layers)",
+                               check=_recompute, metavar="{none,selective,full}")
+    output: str = _f("runs/pretrain", "run directory (default runs/RECIPE); must be new or empty unless "
+                                      "--resume or --overwrite")
+
+    SECTIONS = ("parallel", "optimizer", "data", "logging", "checkpoint")
+
+    def to_dict(self) -> dict:
+        """Every setting, nested by section: what ``--print-config`` prints and ``--config`` reads."""
+        return dataclasses.asdict(self)
 
     def check(self, world_size: int) -> None:
         """Fail before any work when the layout cannot work, with one message."""

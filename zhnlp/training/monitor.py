@@ -217,10 +217,39 @@ def _smooth(values: list[float], window: int) -> list[float]:
     return out
 
 
+DEV_FILE = "metrics.json"  # fine-tuning's summary: its "epochs" list holds every evaluation
+
+
+def read_dev_scores(run_dir: str | Path) -> dict[str, tuple[list[float], list[float]]]:
+    """The dev scores of a fine-tuning run (``metrics.json`` beside ``metrics.jsonl``): score name ->
+    (steps, values), for every numeric score of every evaluation; empty for a pretraining run."""
+    path = Path(run_dir) / DEV_FILE
+    if not path.is_file():
+        return {}
+    try:
+        summary = json.loads(path.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise MetricsError(f"{path} is not valid JSON ({e}); the run may still be writing it: try again.") from None
+    evaluations = summary.get("epochs") if isinstance(summary, dict) else None
+    scores: dict[str, tuple[list[float], list[float]]] = {}
+    for entry in evaluations if isinstance(evaluations, list) else []:
+        dev = entry.get("dev") if isinstance(entry, dict) else None
+        at = entry.get("step", entry.get("epoch")) if isinstance(entry, dict) else None
+        if not isinstance(dev, dict) or isinstance(at, bool) or not isinstance(at, (int, float)):
+            continue
+        for name, value in dev.items():
+            if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+                steps, values = scores.setdefault(name, ([], []))
+                steps.append(float(at))
+                values.append(float(value))
+    return scores
+
+
 def plot_run(run_dir: str | Path, output: str | Path | None = None) -> Path:
     """Draw the loss and learning-rate curves of ``run_dir/metrics.jsonl`` into a PNG; returns its path.
 
-    ``run_dir`` may also be the metrics file itself. The default output is ``curves.png`` beside it.
+    A fine-tuning run's dev scores (its ``metrics.json``) get a third panel. ``run_dir`` may also be the
+    metrics file itself. The default output is ``curves.png`` beside it.
     """
     run_dir = Path(run_dir)
     metrics = run_dir if run_dir.is_file() else run_dir / METRICS_FILE
@@ -236,9 +265,13 @@ def plot_run(run_dir: str | Path, output: str | Path | None = None) -> Path:
         raise ZhnlpError("plotting needs matplotlib: pip install matplotlib") from None
 
     # A Figure with its own Agg canvas: no pyplot, so no global backend switch in the caller's process.
-    fig = Figure(figsize=(8, 6), layout="constrained")
+    dev = read_dev_scores(metrics.parent)
+    fig = Figure(figsize=(8, 8.5 if dev else 6), layout="constrained")
     FigureCanvasAgg(fig)
-    ax_loss, ax_lr = fig.subplots(2, 1, sharex=True, height_ratios=[2, 1])
+    if dev:
+        ax_loss, ax_lr, ax_dev = fig.subplots(3, 1, sharex=True, height_ratios=[2, 1, 1.5])
+    else:
+        ax_loss, ax_lr = fig.subplots(2, 1, sharex=True, height_ratios=[2, 1])
     name = metrics.parent.name or str(metrics.parent)
     fig.suptitle(f"{name}: {len(records)} logged steps")
     if loss:
@@ -260,8 +293,14 @@ def plot_run(run_dir: str | Path, output: str | Path | None = None) -> Path:
     else:
         ax_lr.text(0.5, 0.5, "no learning-rate values", ha="center", va="center", transform=ax_lr.transAxes)
     ax_lr.set_ylabel("learning rate")
-    ax_lr.set_xlabel("step")
     ax_lr.grid(True, alpha=0.3)
+    if dev:
+        for name, (steps, values) in sorted(dev.items()):
+            ax_dev.plot(steps, values, marker="o", linewidth=1.5, label=name)
+        ax_dev.set_ylabel("dev score")
+        ax_dev.legend(loc="lower right")
+        ax_dev.grid(True, alpha=0.3)
+    (ax_dev if dev else ax_lr).set_xlabel("step")
 
     out = Path(output) if output is not None else metrics.parent / CURVES_FILE
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -271,8 +310,9 @@ def plot_run(run_dir: str | Path, output: str | Path | None = None) -> Path:
 
 # ---------------------------------------------------------------------------------- command
 def add_cli(subparsers) -> None:
-    p = subparsers.add_parser("plot", help="draw a run's loss and learning-rate curves (PNG)",
-                              description="Read RUN_DIR/metrics.jsonl and draw loss and learning rate against step.")
+    p = subparsers.add_parser("plot", help="draw a run's loss, learning-rate and dev-score curves (PNG)",
+                              description="Read RUN_DIR/metrics.jsonl and draw loss and learning rate against step; "
+                                          "a fine-tuning run's dev scores (RUN_DIR/metrics.json) get a third panel.")
     p.add_argument("run_dir", metavar="DIR", help="run directory holding metrics.jsonl (or the file itself)")
     p.add_argument("-o", "--output", metavar="PNG", help="image path (default: DIR/curves.png)")
     p.set_defaults(func=_plot)
