@@ -406,3 +406,23 @@ def test_bmes_tags_group_into_entities(tmp_path, monkeypatch):
     per_token = ner(text, aggregation_strategy="none")
     assert [e["entity"] for e in per_token] == ["S-PER", "B-LOC", "M-LOC", "E-LOC", "B-LOC", "E-LOC"]
     assert [e["index"] for e in per_token] == [1, 3, 4, 5, 6, 7]
+
+
+def test_predict_task_flags(models, capsys):
+    seq, mlm, qa = str(models / "seq"), str(models / "mlm"), str(models / "qa")
+    assert main(["predict", "text-classification", "--model", seq, "--function-to-apply", "none", "--device", "-1",
+                 "--dtype", "float32", "很好吃"]) == 0
+    _same(json.loads(capsys.readouterr().out), zhnlp.pipeline("sentiment-analysis", seq)(
+        "很好吃", function_to_apply="none")[0])
+    assert main(["predict", "fill-mask", "--model", mlm, "--targets", "首,大", "北京是中国的[MASK]都。"]) == 0
+    assert {r["token_str"] for r in json.loads(capsys.readouterr().out)} == {"首", "大"}
+    line = json.dumps({"question": QUESTION, "context": CONTEXT}, ensure_ascii=False)
+    assert main(["predict", "question-answering", "--model", qa, "--handle-impossible-answer", "--top-k", "2",
+                 line]) == 0
+    answers = json.loads(capsys.readouterr().out)
+    _same(answers, zhnlp.pipeline("question-answering", qa)(question=QUESTION, context=CONTEXT, top_k=2,
+                                                            handle_impossible_answer=True))
+    assert main(["predict", "ner", "--model", str(models / "ner"), "--targets", "首", "文本"]) == 2
+    assert "--targets does not apply to ner" in capsys.readouterr().err
+    assert main(["predict", "ner", "--model", str(models / "ner"), "--device", "gpu", "文本"]) == 2
+    assert "device='gpu' is not a device torch knows" in capsys.readouterr().err

@@ -52,10 +52,25 @@ def add_cli(subparsers) -> None:
     p.add_argument("--aggregation-strategy", choices=["none", "simple", "first", "average", "max"],
                    help="ner: 'none' (default) one result per tagged token; the others group tokens into entities "
                         "(entity_group) as transformers does")
+    p.add_argument("--function-to-apply", choices=["default", "sigmoid", "softmax", "none"],
+                   help="sentiment-analysis: how logits become scores (default: softmax, sigmoid for one label)")
+    p.add_argument("--targets", type=lambda text: [t for t in text.split(",") if t],
+                   help="fill-mask: comma-separated tokens to rank instead of the whole vocabulary")
+    p.add_argument("--handle-impossible-answer", action="store_true", default=None,
+                   help="question-answering: also score 'no answer' (an empty answer at 0)")
+    p.add_argument("--device", help="where the model runs: cpu, cuda, cuda:N or N (-1: the CPU); default: the GPU "
+                                     "when there is one")
+    p.add_argument("--dtype", help="parameter dtype: auto (default, the checkpoint's), float32, bfloat16, float16")
     p.add_argument("--max-length", type=integer(8), default=512, help="most tokens per forward input (default 512)")
     p.add_argument("--allow-untrained", action="store_true",
                    help="run a model whose task head is freshly initialised (random outputs); refused by default")
     p.set_defaults(func=lambda args: predict(args, p))
+
+
+# task options with a flag of their own (each refused for a task without the option)
+_TASK_FLAGS = {"top_k": "--top-k", "aggregation_strategy": "--aggregation-strategy",
+               "function_to_apply": "--function-to-apply", "targets": "--targets",
+               "handle_impossible_answer": "--handle-impossible-answer"}
 
 
 def predict(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -64,17 +79,18 @@ def predict(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.texts and args.input:
         parser.error("give the inputs either as TEXT arguments or with --input FILE, not both")
     options = {}
-    if args.top_k is not None:
-        if "top_k" not in pipeline_class(task).default_options:
-            parser.error(f"--top-k does not apply to {task}")
-        options["top_k"] = args.top_k
-    if args.aggregation_strategy is not None:
-        if "aggregation_strategy" not in pipeline_class(task).default_options:
-            parser.error(f"--aggregation-strategy does not apply to {task} (only to ner)")
-        options["aggregation_strategy"] = args.aggregation_strategy
+    defaults = pipeline_class(task).default_options
+    for name, flag in _TASK_FLAGS.items():
+        value = getattr(args, name)
+        if value is None:
+            continue
+        if name not in defaults:
+            parser.error(f"{flag} does not apply to {task}")
+        options[name] = value
+    device = int(args.device) if args.device is not None and args.device.lstrip("-").isdigit() else args.device
     try:
         pipe = pipeline(task, args.model, batch_size=args.batch_size, max_length=args.max_length,
-                        allow_untrained=args.allow_untrained, **options)
+                        allow_untrained=args.allow_untrained, device=device, dtype=args.dtype, **options)
     except ZhnlpError:  # e.g. CheckpointError (a ValueError too): the top-level handler reports it
         raise
     except (TypeError, ValueError) as e:  # usage problems (no model, bad sizes); ZhnlpErrors pass through
