@@ -273,3 +273,37 @@ def test_exported_at_top_level():
     assert zhnlp.finetune is finetune.finetune
     for name in ("Callback", "EarlyStoppingCallback", "EvalPrediction", "TrainerState", "TrainerControl"):
         assert hasattr(callbacks, name)
+
+
+def test_ner_and_mrc_train_from_hub_style_datasets(tiny, tmp_path):
+    """NER from a Dataset with ``ner_tags`` as ClassLabel ids (as msra_ner on the hub) trains as its jsonl
+    file does, with the ClassLabel's tag names; reading comprehension from hub-style squad rows (flat, with
+    ``answers`` as lists) is scored with the official metric."""
+    import zhnlp
+    from zhnlp.data.fetch import fetch
+
+    msra = read_jsonl(fetch("msra-ner") / "train.jsonl")[:64]
+    names = ["O"] + sorted({t for r in msra for t in r["tags"]} - {"O"})
+    features = datasets.Features({"tokens": datasets.Sequence(datasets.Value("string")),
+                                  "ner_tags": datasets.Sequence(datasets.ClassLabel(names=names))})
+    hub = datasets.Dataset.from_list([{"tokens": r["tokens"], "ner_tags": [names.index(t) for t in r["tags"]]}
+                                      for r in msra], features=features)
+    ner = dict(task="ner", batch_size=16, max_length=64, lr=1e-3, dropout=0.0, log_interval=1, max_steps=2)
+    from_file = zhnlp.finetune(model=str(tiny), output=str(tmp_path / "ner-file"), train=write_jsonl(
+        tmp_path / "ner.jsonl", msra), dev=tmp_path / "ner.jsonl", **ner)
+    from_hub = zhnlp.finetune(model=str(tiny), output=str(tmp_path / "ner-hub"), train=hub, dev=hub, **ner)
+    assert from_hub["labels"] == from_file["labels"] == names
+    assert [m["loss"] for m in read_jsonl(tmp_path / "ner-hub" / "metrics.jsonl")] == \
+        [m["loss"] for m in read_jsonl(tmp_path / "ner-file" / "metrics.jsonl")]
+    assert from_hub["dev"] == from_file["dev"]
+
+    context = "北京是中华人民共和国的首都，也是全国的政治和文化中心。"
+    rows = [{"id": f"q{i}", "title": "北京", "context": context, "question": q,
+             "answers": {"text": [a], "answer_start": [context.index(a)]}}
+            for i, (q, a) in enumerate([("中国的首都是哪里？", "北京"), ("北京是什么中心？", "政治和文化中心")] * 4)]
+    mrc = zhnlp.finetune(task="mrc", model=str(tiny), output=str(tmp_path / "mrc"), train=rows,
+                         dev=datasets.Dataset.from_list(rows), batch_size=4, max_length=64, max_steps=2,
+                         log_interval=1)
+    assert mrc["dev"]["total"] == 8 and mrc["status"] == "complete"
+    predictions = read_json(tmp_path / "mrc" / "dev_predictions.json")
+    assert set(predictions) == {f"q{i}" for i in range(8)} and all(p in context for p in predictions.values())
