@@ -426,3 +426,30 @@ def test_predict_task_flags(models, capsys):
     assert "--targets does not apply to ner" in capsys.readouterr().err
     assert main(["predict", "ner", "--model", str(models / "ner"), "--device", "gpu", "文本"]) == 2
     assert "device='gpu' is not a device torch knows" in capsys.readouterr().err
+
+
+def test_fill_mask_with_a_sentencepiece_tokenizer(tmp_path):
+    """A SentencePiece vocabulary: token_str is the decoded piece (no "▁"), as in transformers."""
+    from tests.unit.test_sentencepiece_reader import SUBJECTS, VERBS
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(s + v + "新的模型。" for s in SUBJECTS for v in VERBS) * 3, encoding="utf-8")
+    tokenizer = zhnlp.tokenizers.train_sentencepiece([corpus], tmp_path / "model", vocab_size=60, num_threads=1)
+    config = transformers.BertConfig(vocab_size=len(tokenizer), hidden_size=32, num_hidden_layers=1,
+                                     num_attention_heads=4, intermediate_size=48, max_position_embeddings=64,
+                                     initializer_range=0.5)
+    torch.manual_seed(0)
+    transformers.BertForMaskedLM(config).save_pretrained(tmp_path / "model")
+    ours, theirs = zhnlp.pipeline("fill-mask", tmp_path / "model"), _hf("fill-mask", tmp_path / "model")
+    text = "我们研究[MASK]模型。"
+
+    def sequence(key, a, b):
+        if key != "sequence":
+            return False
+        assert "▁" not in a and a.startswith("我们研究") and a.endswith("模型。")
+        return True
+    every = len(tokenizer)  # every piece, "▁" (decoded "") among them
+    assert "▁" in tokenizer.get_vocab()
+    result = ours(text, top_k=every)
+    _same(result, theirs(text, top_k=every), word=sequence)
+    assert not any("▁" in r["token_str"] for r in result)

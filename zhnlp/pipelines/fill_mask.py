@@ -119,10 +119,9 @@ class FillMaskPipeline(Pipeline):
             for m, (start, end) in enumerate(feature["mask_spans"]):
                 candidates = []
                 for score, token_id in zip(out["scores"][m].tolist(), out["ids"][m].tolist()):
-                    token = self.tokenizer.convert_ids_to_tokens(token_id)
-                    filled = token[2:] if token.startswith("##") else token
-                    candidates.append({"score": score, "token": token_id,
-                                       "token_str": self.tokenizer.decode([token_id]),
+                    token_str = self.tokenizer.decode([token_id])  # SentencePiece's "▁" already a space
+                    filled = token_str.removeprefix("##")  # a WordPiece continuation joins its neighbour
+                    candidates.append({"score": score, "token": token_id, "token_str": token_str,
                                        "sequence": text[:start] + filled + text[end:]})
                 per_mask.append(candidates)
             results.append(per_mask[0] if len(per_mask) == 1 else per_mask)
