@@ -314,10 +314,11 @@ def test_a_model_object_instead_of_a_name(models):
     # without tokenizer=: the directory the model was loaded from, its name_or_path
     model.name_or_path = str(directory)
     _same(zhnlp.pipeline("token_classification", model)(NER_TEXTS), expected)
-    model.name_or_path = None
-    with pytest.raises(ValueError, match="given a model object without name_or_path, so it cannot find the model's "
-                                         "tokenizer; pass tokenizer="):
-        zhnlp.pipeline("ner", model)
+    for missing in (None, ""):  # from_config's models have name_or_path ""
+        model.name_or_path = missing
+        with pytest.raises(ValueError, match="given a model object without name_or_path, so it cannot find the "
+                                             "model's tokenizer; pass tokenizer="):
+            zhnlp.pipeline("ner", model)
     with pytest.raises(ValueError, match=r"the 'sentiment-analysis' pipeline needs a model with the "
                                          r"sequence-classification head \(zhnlp.AutoModelForSequenceClassification\), "
                                          r"got one with the 'token_classification' head"):

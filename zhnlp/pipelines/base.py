@@ -119,7 +119,7 @@ class Pipeline:
         if not allow_untrained:
             self._refuse_untrained(name)
         if is_object and tokenizer is None:
-            tokenizer = getattr(model, "name_or_path", None)
+            tokenizer = getattr(model, "name_or_path", None) or None  # from_config sets ""
             if tokenizer is None:
                 raise ValueError(f"the {self.task!r} pipeline was given a model object without name_or_path, so "
                                  f"it cannot find the model's tokenizer; pass tokenizer= (a tokenizer object or "
