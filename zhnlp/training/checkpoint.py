@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import pickle
 import re
 import shutil
@@ -48,6 +49,8 @@ import torch.distributed as dist
 from zhnlp import distributed
 from zhnlp.distributed import cpu
 from zhnlp.errors import CheckpointError
+
+logger = logging.getLogger("zhnlp")
 
 _COMPLETE = re.compile(r"^step_(\d{7})$")
 MANIFEST = "manifest.json"
@@ -215,7 +218,7 @@ def newest_loadable(root: Path) -> tuple[Path | None, list[tuple[Path, str]]]:
 
 def damaged_note(path: Path, why: str, instead: Path) -> str:
     """The one line saying that ``path`` is passed over for ``instead``."""
-    return (f"zhnlp: checkpoint {path} is damaged ({why}); using {instead.name} instead (the damaged one is left "
+    return (f"checkpoint {path} is damaged ({why}); using {instead.name} instead (the damaged one is left "
             f"in place for inspection)")
 
 
@@ -239,14 +242,14 @@ def resume(trainer) -> Path | None:
         raise CheckpointError(error)
     if dist.get_rank() == 0:
         for note in notes:
-            print(note, flush=True)
+            logger.warning(note)
         if found is None:
-            print(f"zhnlp: --resume: no checkpoint in {root} yet; starting from step 0", flush=True)
+            logger.info("--resume: no checkpoint in %s yet; starting from step 0", root)
     if found is None:
         return None
     load(trainer, Path(found))
     if dist.get_rank() == 0:
-        print(f"resumed from {found} (step {trainer.step})", flush=True)
+        logger.info("resumed from %s (step %d)", found, trainer.step)
     return Path(found)
 
 
@@ -446,9 +449,9 @@ def load(trainer, path: Path) -> None:
                     _load_distributed_optimizer(opt, state["params"] if lay.dp_rank == 0 else None, state["common"])
         else:
             if dist.get_rank() == 0:
-                print(f"zhnlp: {path} holds {'distributed-' if distopt else ''}optimizer state that cannot be "
-                      f"restored in this layout (saved tp={saved['tp']} pp={saved['pp']} dp={saved['dp']}); the "
-                      "model resumes, the optimizer starts fresh.", flush=True)
+                logger.warning(f"{path} holds {'distributed-' if distopt else ''}optimizer state that cannot be "
+                               f"restored in this layout (saved tp={saved['tp']} pp={saved['pp']} dp={saved['dp']}); "
+                               "the model resumes, the optimizer starts fresh.")
     trainer.scheduler.load_state_dict(info["scheduler"])
     trainer.step = info["step"]
     trainer.resumed_state = info.get("state")  # what checkpoint_state() returned when it was saved

@@ -9,6 +9,7 @@ the tokenizer the corpus was preprocessed with.
 from __future__ import annotations
 
 import json
+import logging
 import shutil
 from pathlib import Path
 
@@ -78,7 +79,6 @@ def _loadable(path: Path) -> Path:
     else the newest loadable one under ``path`` or ``path/checkpoints``, naming newer damaged ones
     on stderr. Reads only files, so every rank of a torchrun export makes the same choice."""
     import os
-    import sys
 
     from zhnlp.training.checkpoint import checkpoint_dirs, damaged_note, newest_loadable, problem
 
@@ -96,7 +96,7 @@ def _loadable(path: Path) -> Path:
                               "directory that holds checkpoints/.")
     if os.environ.get("RANK", "0") == "0":
         for p, why in damaged:
-            print(damaged_note(p, why, found), file=sys.stderr, flush=True)
+            logging.getLogger("zhnlp").warning(damaged_note(p, why, found))
     return found
 
 

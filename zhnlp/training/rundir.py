@@ -13,6 +13,7 @@ rank gets the same verdict.
 from __future__ import annotations
 
 import contextlib
+import logging
 from pathlib import Path
 from typing import Iterator
 
@@ -35,8 +36,8 @@ class RunDirectory:
         if self.overwrite:
             removed = distributed.on_rank_zero(lambda: remove_outputs(self.path, RUN_OUTPUTS))
             if removed:
-                print(f"zhnlp: --overwrite: removed the earlier run's {', '.join(removed)} from {self.path}",
-                      flush=True)
+                logging.getLogger("zhnlp").info("--overwrite: removed the earlier run's %s from %s",
+                                                ", ".join(removed), self.path)
             self.overwrite = False
         distributed.barrier()
 
