@@ -242,9 +242,6 @@ def finetune(config: FinetuneConfig | None = None, *, train=None, dev=None, test
     from zhnlp.training.rundir import run_directory
 
     given = {"train": train, "dev": dev, "test": test}
-    for name in given:  # objects in **fields go with the data, not into the config
-        if name in fields and not isinstance(fields[name], (str, Path, type(None))):
-            given[name] = given[name] if given[name] is not None else fields.pop(name)
     if config is None:
         cfg = FinetuneConfig(**{k: str(v) if isinstance(v, Path) else v for k, v in fields.items()})
     elif fields:
@@ -275,17 +272,23 @@ def finetune(config: FinetuneConfig | None = None, *, train=None, dev=None, test
     if compute_metrics is not None and not callable(compute_metrics):
         raise TypeError(f"compute_metrics must be a function EvalPrediction -> dict, got {compute_metrics!r}")
     owned = not dist.is_initialized()  # a process group this call creates, this call removes
+    finished = False
     try:
         with run_directory(cfg.output, overwrite=cfg.overwrite, resume=cfg.resume) as run:
             if cfg.oracle:
-                return oracle(cfg, run)
-            from zhnlp.training.finetune_loop import run_finetune
+                result = oracle(cfg, run)
+            else:
+                from zhnlp.training.finetune_loop import run_finetune
 
-            return run_finetune(task, cfg, run, sources, compute_metrics=compute_metrics, callbacks=callbacks)
+                result = run_finetune(task, cfg, run, sources, compute_metrics=compute_metrics, callbacks=callbacks)
+        finished = True
+        return result
     finally:
         if owned and dist.is_initialized():
             from zhnlp import distributed
 
+            if finished:  # every rank is done before gloo's threads go (not after a failure: a peer may be gone)
+                distributed.barrier()
             distributed.shutdown()
 
 

@@ -122,7 +122,7 @@ def run_finetune(task: Task, cfg: FinetuneConfig, run_dir, sources: dict, comput
     best_dir = out / "model"
 
     metric = cfg.best_metric or task.metric
-    greater = cfg.higher_is_better if cfg.metric_for_best_model else True
+    greater = cfg.higher_is_better
     state = TrainerState(max_steps=steps, steps_per_epoch=per_epoch, metric=metric, greater_is_better=greater)
     control = TrainerControl()
     chain = list(callbacks or [])
@@ -170,9 +170,11 @@ def run_finetune(task: Task, cfg: FinetuneConfig, run_dir, sources: dict, comput
         mean = torch.tensor(float(np.mean(pending)) if pending else float("nan"), dtype=torch.float64)
         dist.broadcast(mean, src=trainer.logging_rank)
         scores, predictions = _evaluate(task, cfg, trainer.model, dev, labels, compute_metrics, "dev", pad_id)
-        if metric not in scores:
+        key = metric if metric in scores else cfg.metric_for_best_model  # compute_metrics may say eval_x itself
+        if key not in scores:
             raise ZhnlpError(f"metric_for_best_model {metric!r} is not among the dev scores "
                              f"({', '.join(scores)}); choose one of them (compute_metrics may add more).")
+        state.metric = key
         entry = {"epoch": math.ceil(step / per_epoch) if per_epoch else 1, "step": step,
                  "train_loss": float(mean), "dev": _json_safe(scores)}
         run_state["history"].append(entry)
@@ -182,7 +184,7 @@ def run_finetune(task: Task, cfg: FinetuneConfig, run_dir, sources: dict, comput
             logger.info("epoch %d step %d/%d: train loss %.4f, dev %s", entry["epoch"], step, steps,
                         entry["train_loss"], ", ".join(f"{k} {v:.4f}" for k, v in scores.items()
                                                        if isinstance(v, float)))
-        value = float(scores[metric])
+        value = float(scores[key])
         if state.is_better(value):
             state.best_metric, state.best_step = value, step
             run_state["best"] = entry
