@@ -162,13 +162,13 @@ class NERTask(Task):
     def read(self, source, labels, training=False, name=""):
         from zhnlp.data.tasks.ner import label_list_from
 
-        examples, _ = super().read(source, None, training, name)
+        examples, declared = super().read(source, None, training, name)  # declared: a ClassLabel's tag names
         path = name
         if any(self.unlabelled(e) for e in examples):
-            return examples, labels  # _load_split reports it, naming the file
+            return examples, labels  # load_split reports it, naming the file
         found = label_list_from(examples)
-        if labels is None:
-            return examples, found
+        if labels is None:  # the training data: a ClassLabel's tag names in their order, else the tags found
+            return examples, list(declared) if declared is not None else found
         unknown = sorted(set(found) - set(labels))
         if unknown:
             raise DataError(f"{path}: tags {unknown} are not in the training set's tags {labels}; "

@@ -185,7 +185,8 @@ def read_rows(task: str, rows, labels: list[str] | None, name: str, training: bo
         from zhnlp.data.tasks.ner import ner_from_rows
 
         names = _class_names(rows, "ner_tags") or _class_names(rows, "tags")
-        return ner_from_rows(_rows(rows), name, names), labels, None
+        # a ClassLabel's names are the tag set, in its order (the model's id2label), unless labels are given
+        return ner_from_rows(_rows(rows), name, names), labels if labels is not None else names, None
     from zhnlp.data.tasks.mrc import read_squad
 
     data = squad_from_rows(_rows(rows))
