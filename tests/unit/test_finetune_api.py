@@ -124,7 +124,10 @@ def accuracy_from_logits(p) -> dict:
     return {"logit_accuracy": float((p.predictions.argmax(-1) == p.label_ids).mean()), "seen": len(p.label_ids)}
 
 
-def test_compute_metrics_eval_steps_and_callback_hooks(tiny, data, tmp_path):
+def test_compute_metrics_eval_steps_and_callback_hooks(tiny, data, tmp_path, caplog, capsys):
+    import logging
+
+    caplog.set_level(logging.INFO, logger="zhnlp")
     recorder = Recorder()
     r = run(tiny, tmp_path / "run", train=data["train"], dev=data["dev"], test=data["dev"], epochs=2, eval_steps=4,
             compute_metrics=accuracy_from_logits, callbacks=[recorder])
@@ -141,6 +144,13 @@ def test_compute_metrics_eval_steps_and_callback_hooks(tiny, data, tmp_path):
     evaluations = [(e[1], e[2]) for e in events if e[0] == "evaluate"]
     assert evaluations == [(e["step"], e["dev"]["accuracy"]) for e in metrics["epochs"]]
     assert events.index(("evaluate", 4, evaluations[0][1])) == events.index(("step", 4)) + 1
+    # progress: one bar over both epochs (its ETA covers the run), evaluation batches and result lines logged
+    progress = [line.split()[1] for line in capsys.readouterr().out.splitlines() if line.startswith("step ")]
+    assert progress == [f"{k}/12" for k in range(1, 13)]
+    logged = [rec.getMessage() for rec in caplog.records if rec.name == "zhnlp"]
+    assert sum(m.startswith("evaluating dev: batch 2/2 (32 features") for m in logged) == 3
+    assert any(m.startswith("evaluating test: batch 2/2") for m in logged)
+    assert any(m.startswith("epoch 1 step 4/12: train loss ") and "dev accuracy" in m for m in logged)
 
 
 def test_early_stopping_stops_at_the_step_its_rule_gives(tiny, data, tmp_path):
