@@ -226,6 +226,11 @@ def test_resume_continues_with_the_losses_of_an_uninterrupted_run(tiny, data, tm
     wa, wb = load_file(tmp_path / "whole" / "model" / "model.safetensors"), \
         load_file(tmp_path / "cut" / "model" / "model.safetensors")
     assert max((wa[k] - wb[k]).abs().max().item() for k in wa) <= 1e-6
+    # resuming with another schedule is refused, naming what changed
+    from zhnlp.errors import ZhnlpError
+
+    with pytest.raises(ZhnlpError, match=r"cannot resume .*differs \(steps 12 -> 18\)"):
+        run(tiny, tmp_path / "cut", resume=True, **{**settings, "epochs": 3})
 
 
 # ------------------------------------------------------------------------------------------ the config

@@ -148,14 +148,24 @@ def run_finetune(task: Task, cfg: FinetuneConfig, run_dir, sources: dict, comput
         if rank0:
             _atomic_json(out / "metrics.json", result)
 
+    # what must not change between a run and its resumption (the batches and the schedule depend on it)
+    identity = {"task": task.name, "steps": steps, "batch_size": cfg.batch_size, "seed": cfg.seed,
+                "train_features": len(train_features), "labels": labels}
+
     def checkpoint_state() -> dict:
-        return _json_safe({**run_state, "trainer_state": state.to_dict(), "callbacks": handler.state_dict()})
+        return _json_safe({**run_state, "trainer_state": state.to_dict(), "callbacks": handler.state_dict(),
+                           "run": identity})
 
     trainer.checkpoint_state = checkpoint_state
     if cfg.resume:
         checkpoint.resume(trainer)
         saved = getattr(trainer, "resumed_state", None)
         if saved:
+            was = saved.get("run", {})
+            changed = [f"{k} {was[k]!r} -> {v!r}" for k, v in _json_safe(identity).items() if k in was and was[k] != v]
+            if changed:
+                raise ZhnlpError(f"cannot resume {out}: the run that wrote its checkpoints differs ({'; '.join(changed)}); "
+                                 "resume with the settings and data it had, or fine-tune into a new --output.")
             run_state.update(history=saved["history"], best=saved["best"], pending=saved["pending"])
             for key, value in saved["trainer_state"].items():
                 setattr(state, key, value)
