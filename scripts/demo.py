@@ -88,7 +88,7 @@ def main() -> int:
     fill = zhnlp.pipeline("fill-mask", model=out / "pretrained", top_k=3)
     for text, guesses in zip(MASKED, fill(MASKED)):
         per_mask = guesses if isinstance(guesses[0], list) else [guesses]  # one list per [MASK]
-        print(f"  {text}  ->  " + " | ".join("  ".join(f"{g['token']} ({g['score']:.2f})" for g in m)
+        print(f"  {text}  ->  " + " | ".join("  ".join(f"{g['token_str']} ({g['score']:.2f})" for g in m)
                                              for m in per_mask))
     print("  (a few minutes of pretraining on a CPU teach mostly which characters are frequent; the model starts\n"
           "   using the context after a few thousand steps: see scripts/pretrained_vs_scratch.py)")

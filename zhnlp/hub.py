@@ -111,7 +111,7 @@ def _from_hub_cache(repo: str, revision: str | None, asked: str, *, cache_dir=No
     if offline or local_files_only:
         why = "local_files_only=True" if local_files_only else "the hub is offline (HF_HUB_OFFLINE=1)"
         raise ModelNotFoundError(f"{asked}: no local directory of that name, and hub repo {repo!r} is not in the "
-                                 f"Hugging Face cache {cache} while {why}; {how}.")
+                                 f"local Hugging Face cache ({cache}) while {why}; {how}.")
     try:
         return Path(snapshot_download(repo, **where))
     except Exception as e:  # network, auth and missing-repo errors all end here with one message

@@ -177,7 +177,7 @@ def test_cache_dir_local_files_only_and_token(ckpt, tmp_path, monkeypatch):
     model = zhnlp.AutoModel.from_pretrained("someone/tiny-ernie", cache_dir=cache, local_files_only=True)
     assert model.num_parameters() > 0
     assert zhnlp.AutoConfig.from_pretrained("someone/tiny-ernie", cache_dir=cache).hidden_size == 32
-    with pytest.raises(ModelNotFoundError, match="not in the Hugging Face cache .*while local_files_only=True"):
+    with pytest.raises(ModelNotFoundError, match="not in the local Hugging Face cache .*while local_files_only=True"):
         zhnlp.AutoModel.from_pretrained("someone/absent", cache_dir=cache, local_files_only=True)
     seen = {}
 
