@@ -33,8 +33,8 @@ class ConfigParser(HfArgumentParser, Parser):
             recipe's, not the dataclass's); the help then shows no dataclass default.
     """
 
-    def __init__(self, dataclass_types=None, *, given_only: bool = False, **kwargs):
-        self.given_only = given_only
+    def __init__(self, dataclass_types=None, *, given_only: bool = False, show_defaults: bool = False, **kwargs):
+        self.given_only, self.show_defaults = given_only, show_defaults
         self._from_fields = True  # the flags HfArgumentParser adds while constructing come from fields
         kwargs.setdefault("formatter_class", _Formatter)
         super().__init__(dataclass_types, **kwargs)
@@ -46,6 +46,10 @@ class ConfigParser(HfArgumentParser, Parser):
         check = kwargs.pop("check", None)
         if check is not None:
             kwargs["type"] = check
+        show_default = kwargs.pop("show_default", True)
+        if kwargs.pop("comma_list", False):  # one value, "a,b,c" (HfArgumentParser would take "a b c")
+            kwargs.pop("nargs", None)
+            kwargs["type"], kwargs["metavar"] = comma_list, "A,B,..."
         if names and all(n.startswith("--") for n in names):
             # zhnlp's flags are dashed (--max-steps); HfArgumentParser also offers --max_steps
             dashed = [n for n in names if "_" not in n]
@@ -53,6 +57,10 @@ class ConfigParser(HfArgumentParser, Parser):
         if kwargs.get("nargs") == "?" and kwargs.get("const") is True:
             kwargs.setdefault("metavar", "true|false")  # a boolean: --flag, or --flag false
         if self.given_only and getattr(self, "_from_fields", False) and names and names[0].startswith("--"):
+            default = kwargs.get("default")
+            if self.show_defaults and show_default and kwargs.get("help") and default not in (None, False) \
+                    and not kwargs.get("required") and kwargs.get("action") != "store_false":
+                kwargs["help"] += f" (default: {default})"
             kwargs["default"] = argparse.SUPPRESS
         return super().add_argument(*names, **kwargs)
 
@@ -62,6 +70,14 @@ class _Formatter(argparse.ArgumentDefaultsHelpFormatter):
         if action.default in (None, False, argparse.SUPPRESS) or action.help is None or "%(default)" in action.help:
             return action.help
         return super()._get_help_string(action)
+
+
+def comma_list(text: str) -> list[str]:
+    """``--labels neg,pos`` -> ``["neg", "pos"]``."""
+    values = [x.strip() for x in text.split(",") if x.strip()]
+    if not values:
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list such as a,b, got {text!r}")
+    return values
 
 
 def cli_fields(*dataclass_types) -> set[str]:

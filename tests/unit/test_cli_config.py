@@ -78,3 +78,60 @@ def test_config_file_mistakes_are_one_line(capsys, tmp_path):
     assert "does not exist" in capsys.readouterr().err
     assert main(["pretrain", "--recompute", "sometimes"]) == 2
     assert "argument --recompute: must be one of none, selective, full, got 'sometimes'" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------------------ finetune
+def test_every_finetune_field_is_a_flag_with_its_help(capsys):
+    from zhnlp.training.finetune_config import FinetuneConfig
+
+    assert main(["finetune", "--help"]) == 0
+    text = " ".join(capsys.readouterr().out.split()).replace("- ", "-")
+    for f in dataclasses.fields(FinetuneConfig):
+        if f.metadata.get("cli", True):
+            assert "--" + f.name.replace("_", "-") in text, f.name
+            assert " ".join(f.metadata["help"].split())[:30] in text, f.name
+    assert "--epochs EPOCHS passes over the training data (default: 3)" in text
+
+
+def finetune_config(capsys, *argv):
+    assert main(["finetune", *argv, "--print-config"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+def test_finetune_print_config_and_config_file(capsys, tmp_path):
+    from zhnlp.training.finetune_config import FinetuneConfig
+
+    got = finetune_config(capsys, "ner", "--model", "m", "--labels", "O,B-PER,I-PER", "--eval-steps", "5",
+                          "--early-stopping-patience", "2", "--greater-is-better", "false", "--resume")
+    expected = dataclasses.asdict(FinetuneConfig(task="ner", model="m", labels=["O", "B-PER", "I-PER"], eval_steps=5,
+                                                 early_stopping_patience=2, greater_is_better=False, resume=True,
+                                                 output="runs/finetune-ner"))
+    assert got == expected
+    (tmp_path / "ft.yaml").write_text("model: m\nepochs: 7\nlr: 0.0001\noutput: /runs/x\n")
+    got = finetune_config(capsys, "sentiment-analysis", "--config", str(tmp_path / "ft.yaml"), "--epochs", "2")
+    assert (got["task"], got["model"], got["epochs"], got["lr"], got["output"]) == \
+        ("sentiment-analysis", "m", 2, 1e-4, "/runs/x")
+    assert main(["finetune", "ner"]) == 2
+    assert "--model is required" in capsys.readouterr().err
+    assert main(["finetune", "ner", "--model", "m", "--resume", "--overwrite"]) == 2
+    assert "overwrite and resume contradict each other" in capsys.readouterr().err
+    assert main(["finetune", "ner", "--model", "m", "--labels", ","]) == 2
+    assert "argument --labels: expected a comma-separated list" in capsys.readouterr().err
+
+
+def test_finetune_takes_a_saved_dataset_on_the_command_line(capsys, tmp_path):
+    import datasets
+
+    from tests.finetuning import make_tiny_model
+
+    tiny = make_tiny_model(tmp_path / "tiny")
+    rows = [{"text": t, "label": lab} for t, lab in [("很好", "pos"), ("太差", "neg")] * 4]
+    datasets.DatasetDict({"train": datasets.Dataset.from_list(rows),
+                          "validation": datasets.Dataset.from_list(rows[:4])}).save_to_disk(str(tmp_path / "saved"))
+    out = tmp_path / "run"
+    assert main(["finetune", "classification", "--model", str(tiny), "--train", str(tmp_path / "saved"),
+                 "--epochs", "1", "--batch-size", "4", "--output", str(out), "-q"]) == 0
+    result = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert metrics["status"] == "complete" and result["dev"] == metrics["dev"]
+    assert metrics["dev"]["total"] == 4  # the validation split became the dev data

@@ -86,7 +86,9 @@ def test_numeric_flag_out_of_range_is_one_line_naming_flag_value_and_range(capsy
 
 def test_directory_given_for_a_file(capsys, tmp_path, tiny):
     rc, err = run(capsys, "finetune", "classification", "--model", tiny, "--train", tmp_path, "--dev", tmp_path)
-    assert rc == 2 and f"argument --train: {tmp_path} is a directory, not a file" in one_line(err)
+    # fine-tuning also takes a save_to_disk directory: a plain directory is neither
+    assert rc == 2 and f"argument --train: {tmp_path} is a directory, but not" in one_line(err)
+    assert "pass a data file or a save_to_disk directory" in err
     rc, err = run(capsys, "preprocess", "--input", tmp_path, "--output", tmp_path / "c", "--tokenizer", tiny)
     assert rc == 2 and f"argument --input: {tmp_path} is a directory, not a file" in one_line(err)
     rc, err = run(capsys, "predict", "fill-mask", "--model", tiny, "--input", tmp_path)

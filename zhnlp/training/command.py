@@ -101,77 +101,69 @@ def _process_groups():
 
 
 def add_finetune_cli(subparsers) -> None:
-    from zhnlp.training.finetune import ALIASES, TASKS
+    from zhnlp.training.finetune_config import ALIASES, TASK_NAMES, FinetuneConfig
 
     p = subparsers.add_parser(
-        "finetune", help="fine-tune a model on a task (classification, mrc, ner)",
+        "finetune", dataclass_types=[FinetuneConfig], given_only=True, show_defaults=True,
+        help="fine-tune a model on a task (classification, mrc, ner)",
         description="Fine-tune on the engine trainer (TP/PP/DP like pretraining; run under torchrun for several "
-                    "processes). Evaluates on --dev each epoch, keeps the best model in OUTPUT/model "
-                    "(transformers format + tokenizer) and writes OUTPUT/metrics.json with dev and test scores.")
-    p.add_argument("task", choices=sorted(list(TASKS) + list(ALIASES)), metavar="TASK",
+                    "processes). Evaluates on --dev every epoch (or --eval-steps), keeps the best model in "
+                    "OUTPUT/model (transformers format + tokenizer) and writes OUTPUT/metrics.json with dev and "
+                    "test scores; --save-steps writes checkpoints that --resume continues from. The flags are the "
+                    "fields of zhnlp.FinetuneConfig (--print-config shows them; --config FILE sets them).")
+    p.add_argument("task", choices=sorted(TASK_NAMES + tuple(ALIASES)), metavar="TASK",
                    help="classification (sentiment, text-classification), mrc (cmrc2018, question-answering), "
                         "ner (token-classification)")
-    p.add_argument("--model", required=True, help="model directory, model name or hub repo id")
-    p.add_argument("--train", type=input_file,
-                   help="training file (classification: jsonl/TSV; mrc: SQuAD json; ner: jsonl/CoNLL)")
-    p.add_argument("--dev", type=input_file, help="development file, scored after every epoch")
-    p.add_argument("--test", type=input_file, help="test file, scored once with the best model")
-    p.add_argument("--output", default=None, help="run directory (default runs/finetune-TASK); must be new or "
-                                                  "empty unless --overwrite")
-    p.add_argument("--overwrite", action="store_true", help="delete the earlier run's results in --output first")
-    p.add_argument("--epochs", type=positive)
-    p.add_argument("--lr", type=number(0, low_open=True))
-    p.add_argument("--batch-size", type=positive, help="global batch size")
-    p.add_argument("--micro-batch-size", type=positive, help="per forward pass (gradient accumulation when smaller)")
-    p.add_argument("--eval-batch-size", type=positive)
-    p.add_argument("--max-length", type=integer(8), help="tokens per feature, special tokens included "
-                                                         "(mrc: per window)")
-    p.add_argument("--doc-stride", type=positive, help="mrc: tokens between context window starts "
-                                                       "(default min(128, half the context window))")
-    p.add_argument("--max-query-length", type=positive, help="mrc: question tokens kept (default min(64, half "
-                                                             "of --max-length))")
-    p.add_argument("--max-answer-length", type=positive, help="mrc: longest answer in tokens")
-    p.add_argument("--ner-stride", type=non_negative, help="ner: sub-tokens shared by consecutive windows of a long "
-                                                           "sentence (default min(32, a quarter of the window))")
-    p.add_argument("--labels", help="comma-separated label set (default: the labels of --train)")
-    p.add_argument("--label-names", help="comma-separated names for the labels, in the order of --labels "
-                                         "(written to the model's id2label)")
-    p.add_argument("--warmup-ratio", type=number(0, 1), help="fraction of the steps spent warming up")
-    p.add_argument("--weight-decay", type=number(0))
-    p.add_argument("--dropout", type=number(0, 1, high_open=True), help="override the model's dropout")
-    p.add_argument("--max-steps", type=positive, help="stop after this many steps")
-    p.add_argument("--max-train-examples", type=positive, help="use only the first N training examples")
-    p.add_argument("--seed", type=non_negative)
-    p.add_argument("--precision", choices=["fp32", "bf16", "fp16"])
-    p.add_argument("--tp", type=positive)
-    p.add_argument("--pp", type=positive)
-    p.add_argument("--log-interval", type=positive)
-    p.add_argument("--oracle", action="store_true",
-                   help="mrc: score the gold positions through windowing and span decoding (no training)")
+    p.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS,
+                   help="JSON or YAML file of FinetuneConfig fields (as --print-config prints them), applied "
+                        "before the flags")
+    p.add_argument("--print-config", action="store_true", default=argparse.SUPPRESS,
+                   help="print the resolved configuration as JSON and exit")
     p.set_defaults(func=_finetune)
+
+
+def resolve_finetune(args):
+    """The FinetuneConfig of a ``zhnlp finetune`` command line: defaults, then --config FILE, then flags."""
+    from zhnlp import configargs
+    from zhnlp.training.finetune_config import ALIASES, FinetuneConfig
+
+    fields = {}
+    if getattr(args, "config", None):
+        fields = configargs.read_config_file(args.config)
+        unknown = sorted(set(fields) - {f.name for f in dataclasses.fields(FinetuneConfig)})
+        if unknown:
+            raise ValueError(f"--config {args.config}: unknown settings {unknown}; see --print-config for the names.")
+    fields.update(configargs.given(args, FinetuneConfig))
+    fields["task"] = args.task
+    if not fields.get("model"):
+        raise ValueError("--model is required: a model directory, model name or hub repo id to start from (or "
+                         "\"model\" in --config FILE).")
+    fields.setdefault("output", f"runs/finetune-{ALIASES.get(args.task, args.task)}")
+    return FinetuneConfig(**fields)
 
 
 def _finetune(args) -> int:
     import json
 
-    from zhnlp.training.finetune import FinetuneConfig, finetune, get_task
+    from zhnlp import configargs
 
-    fields = {k: v for k, v in vars(args).items() if k not in ("func", "command", "debug") and v is not None}
-    for key in ("labels", "label_names"):
-        if key in fields:
-            fields[key] = [x.strip() for x in fields[key].split(",") if x.strip()]
-    fields.setdefault("output", f"runs/finetune-{get_task(args.task).name}")
+    cfg = resolve_finetune(args)
+    if getattr(args, "print_config", False):
+        print(configargs.to_json(cfg))
+        return 0
     import torch.distributed as dist
 
+    from zhnlp.training.finetune import finetune
+
     with _process_groups():
-        result = finetune(FinetuneConfig(**fields))
+        result = finetune(cfg)
         rank0 = not dist.is_initialized() or dist.get_rank() == 0
     if rank0:
-        if args.oracle:
+        if cfg.oracle:
             for split, r in result.items():
                 print(json.dumps({"split": split, **{k: r[k] for k in ("em", "f1", "total", "skip")},
                                   "unreachable": len(r["unreachable"])}, ensure_ascii=False))
         else:
-            print(json.dumps({"dev": result["dev"], "test": result["test"], "output": fields["output"]},
+            print(json.dumps({"dev": result["dev"], "test": result["test"], "output": cfg.output},
                              ensure_ascii=False, default=str))
     return 0

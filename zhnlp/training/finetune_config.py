@@ -10,13 +10,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from zhnlp.argtypes import check_range
+from zhnlp.argtypes import check_range, integer, non_negative, number, positive
 
 TASK_NAMES = ("classification", "mrc", "ner")
 ALIASES = {"sentiment": "classification", "sentiment-analysis": "classification",
            "text-classification": "classification", "question-answering": "mrc", "cmrc2018": "mrc",
            "reading-comprehension": "mrc", "token-classification": "ner"}
 PRECISIONS = ("fp32", "bf16", "fp16")
+
+
+def _source(text: str) -> str:
+    """``--train/--dev/--test``: a data file or a ``save_to_disk`` directory (checked where it enters)."""
+    from zhnlp.data.tasks.hf import data_source
+
+    return data_source(text)
 
 
 def _f(default, help: str, **extra):
@@ -33,54 +40,63 @@ class FinetuneConfig:
 
     task: str = _f(None, "classification, mrc or ner (aliases: sentiment-analysis, text-classification, "
                          "question-answering, cmrc2018, token-classification, ...)",
-                   choices=TASK_NAMES + tuple(ALIASES))
+                   choices=TASK_NAMES + tuple(ALIASES), cli=False)
     model: str = _f(None, "model directory, model name or hub repo id to start from")
     train: str | None = _f(None, "training data: a file (classification: jsonl/TSV/CSV; mrc: SQuAD json; "
-                                 "ner: jsonl/CoNLL) or a save_to_disk dataset directory")
+                                 "ner: jsonl/CoNLL) or a save_to_disk dataset directory", check=_source)
     dev: str | None = _f(None, "development data (file or save_to_disk directory), scored at every evaluation; "
-                               "default: the validation split of a DatasetDict given as train")
-    test: str | None = _f(None, "test data (file or save_to_disk directory), scored once with the best model")
-    output: str = _f("runs/finetune", "run directory; must be new or empty unless --overwrite or --resume")
+                               "default: the validation split of a DatasetDict given as train", check=_source)
+    test: str | None = _f(None, "test data (file or save_to_disk directory), scored once with the best model",
+                          check=_source)
+    output: str = _f("runs/finetune", "run directory (zhnlp finetune: runs/finetune-TASK by default); must be new or "
+                                      "empty unless --overwrite or --resume", show_default=False)
     overwrite: bool = _f(False, "delete the earlier run's results in the output directory first")
-    epochs: int = _f(3, "passes over the training data")
-    lr: float = _f(5e-5, "peak learning rate (linear warmup, then linear decay to 0)")
-    warmup_ratio: float = _f(0.1, "fraction of the steps spent warming up")
-    weight_decay: float = _f(0.01, "AdamW weight decay")
-    batch_size: int = _f(32, "global batch size (over data-parallel ranks and accumulation)")
+    epochs: int = _f(3, "passes over the training data", check=positive)
+    lr: float = _f(5e-5, "peak learning rate (linear warmup, then linear decay to 0)", check=number(0, low_open=True))
+    warmup_ratio: float = _f(0.1, "fraction of the steps spent warming up", check=number(0, 1))
+    weight_decay: float = _f(0.01, "AdamW weight decay", check=number(0))
+    batch_size: int = _f(32, "global batch size (over data-parallel ranks and accumulation)", check=positive)
     micro_batch_size: int | None = _f(None, "examples per forward pass (gradient accumulation when smaller); "
-                                            "default: batch size / data-parallel size")
-    eval_batch_size: int = _f(64, "features per forward pass when evaluating")
+                                            "default: batch size / data-parallel size", check=positive)
+    eval_batch_size: int = _f(64, "features per forward pass when evaluating", check=positive)
     max_length: int | None = _f(None, "tokens per feature, special tokens included (mrc: per window); "
-                                      "default per task (128, mrc 512)")
+                                      "default per task (128, mrc 512)", check=integer(8))
     doc_stride: int | None = _f(None, "mrc: tokens between context window starts (default min(128, half the "
-                                      "context window))")
-    max_query_length: int | None = _f(None, "mrc: question tokens kept (default min(64, half of max length))")
-    max_answer_length: int = _f(256, "mrc: longest answer in tokens")
+                                      "context window))", check=positive)
+    max_query_length: int | None = _f(None, "mrc: question tokens kept (default min(64, half of max length))",
+                                      check=positive)
+    max_answer_length: int = _f(256, "mrc: longest answer in tokens", check=positive)
     ner_stride: int | None = _f(None, "ner: sub-tokens shared by consecutive windows of a long sentence "
-                                      "(default min(32, a quarter of the window))")
-    labels: list[str] | None = _f(None, "the label set, in order (default: the labels of the training data)")
-    label_names: list[str] | None = _f(None, "names for the labels, in the order of labels (the model's id2label)")
-    max_steps: int | None = _f(None, "stop after this many optimizer steps")
-    max_train_examples: int | None = _f(None, "use only the first N training examples")
-    dropout: float | None = _f(None, "override the model's hidden and attention dropout")
-    seed: int = _f(1234, "seed of initialisation, shuffling and dropout")
+                                      "(default min(32, a quarter of the window))", check=non_negative)
+    labels: list[str] | None = _f(None, "the label set, in order (default: the labels of the training data)",
+                                  comma_list=True)
+    label_names: list[str] | None = _f(None, "names for the labels, in the order of labels (the model's id2label)",
+                                       comma_list=True)
+    max_steps: int | None = _f(None, "stop after this many optimizer steps", check=positive)
+    max_train_examples: int | None = _f(None, "use only the first N training examples", check=positive)
+    dropout: float | None = _f(None, "override the model's hidden and attention dropout",
+                               check=number(0, 1, high_open=True))
+    seed: int = _f(1234, "seed of initialisation, shuffling and dropout", check=non_negative)
     precision: str = _f("fp32", "parameter precision", choices=PRECISIONS)
-    tp: int = _f(1, "tensor-parallel size")
-    pp: int = _f(1, "pipeline-parallel size")
-    log_interval: int = _f(10, "steps between training log lines")
+    tp: int = _f(1, "tensor-parallel size", check=positive)
+    pp: int = _f(1, "pipeline-parallel size", check=positive)
+    log_interval: int = _f(10, "steps between training log lines", check=positive)
     oracle: bool = _f(False, "mrc: score the gold positions through windowing and span decoding (no training)")
     # ---- evaluation, best model, early stopping, checkpoints (transformers' TrainingArguments names)
-    eval_steps: int | None = _f(None, "evaluate on the dev data every N steps (default: after every epoch)")
+    eval_steps: int | None = _f(None, "evaluate on the dev data every N steps (default: after every epoch)",
+                                check=positive)
     metric_for_best_model: str | None = _f(None, "dev score that picks the best model and drives early stopping "
                                                  "(default: the task's metric: accuracy, f1; an 'eval_' prefix "
                                                  "is accepted; compute_metrics keys too)")
     greater_is_better: bool | None = _f(None, "whether a larger metric_for_best_model is better (default: yes, "
                                               "unless its name ends in 'loss')")
     early_stopping_patience: int | None = _f(None, "stop after this many evaluations without an improvement "
-                                                   "(default: never stop early)")
-    early_stopping_threshold: float = _f(0.0, "smallest improvement of metric_for_best_model that counts")
-    save_steps: int = _f(0, "steps between training checkpoints in OUTPUT/checkpoints (0: only on a stop signal)")
-    save_total_limit: int = _f(2, "checkpoints to keep (0: keep every one)")
+                                                   "(default: never stop early)", check=positive)
+    early_stopping_threshold: float = _f(0.0, "smallest improvement of metric_for_best_model that counts",
+                                         check=number(0))
+    save_steps: int = _f(0, "steps between training checkpoints in OUTPUT/checkpoints (0: only on a stop signal)",
+                         check=non_negative)
+    save_total_limit: int = _f(2, "checkpoints to keep (0: keep every one)", check=non_negative)
     resume: bool = _f(False, "continue the run in the output directory from its newest checkpoint")
 
     def __post_init__(self):
