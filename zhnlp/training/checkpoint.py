@@ -264,16 +264,7 @@ def _sharded_state(trainer, with_optimizer: bool, loading: bool = False):
 
 
 def _module_state(module):
-    """A chunk's sharded state dict. megatron's LanguageModule expects a vocabulary projection
-    (``output_layer``) on the last stage of every model that does not tie it to the embeddings; a
-    fine-tuning head (classifier, span or tagging head) has none, so its chunks take the generic
-    MegatronModule state dict (every parameter, the head's replicated)."""
-    from megatron.core.models.common.language_module.language_module import LanguageModule
-    from megatron.core.transformer.utils import ensure_metadata_has_dp_cp_group
-
-    if (isinstance(module, LanguageModule) and getattr(module, "post_process", False)
-            and not module.share_embeddings_and_output_weights and not hasattr(module, "output_layer")):
-        return super(LanguageModule, module).sharded_state_dict("", (), ensure_metadata_has_dp_cp_group(None))
+    """A chunk's sharded state dict (task-head chunks: see ErnieModel.sharded_state_dict)."""
     return module.sharded_state_dict()
 
 

@@ -1,4 +1,4 @@
-"""``zhnlp pretrain``: pick a recipe, override fields, train (also under torchrun)."""
+"""``zhnlp pretrain`` and ``zhnlp finetune``: flags from the run configs, then train (also under torchrun)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 import contextlib
 import dataclasses
 
-from zhnlp.argtypes import input_file, integer, non_negative, number, positive
+from zhnlp.argtypes import positive
 from zhnlp.training.config import RECIPES, override, recipe
 
 

@@ -146,6 +146,18 @@ class ErnieModel(LanguageModule):
             "question_answering": {"start_logits": (batch, seq), "end_logits": (batch, seq)},
         }[self.head]
 
+    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None):
+        """megatron's distributed-checkpoint view of this chunk. LanguageModule's expects a vocabulary
+        projection on a last stage that does not tie it; a task head (classifier, span or tagging) has none,
+        so such a chunk takes MegatronModule's generic one (every parameter, the head's replicated)."""
+        if self.post_process and not self.share_embeddings_and_output_weights and not hasattr(self, "output_layer"):
+            from megatron.core.transformer.module import MegatronModule
+            from megatron.core.transformer.utils import ensure_metadata_has_dp_cp_group
+
+            return MegatronModule.sharded_state_dict(self, prefix, sharded_offsets,
+                                                     ensure_metadata_has_dp_cp_group(metadata))
+        return super().sharded_state_dict(prefix, sharded_offsets, metadata)
+
     @contextlib.contextmanager
     def all_positions(self):
         """Compute every position of every layer for the duration (for ``output_hidden_states``): no
