@@ -53,8 +53,9 @@ def test_resaving_unsharded_removes_the_old_shards(tmp_path, mlm):
     model.save_pretrained(out, max_shard_size="30KB")
     assert "model.safetensors.index.json" in files(out)
     (out / "tokenizer_config.json").write_text("{}")  # not ours to remove
+    (out / "model_backup.safetensors").write_bytes(b"")  # nor this
     model.save_pretrained(out)
-    assert files(out) == ["config.json", "model.safetensors", "tokenizer_config.json"]
+    assert files(out) == ["config.json", "model.safetensors", "model_backup.safetensors", "tokenizer_config.json"]
     assert zhnlp.AutoModelForMaskedLM.from_pretrained(out).num_parameters() == model.num_parameters()
 
 

@@ -249,7 +249,7 @@ class PretrainedModel(torch.nn.Module):
         if not safe_serialization:
             raise ValueError("safe_serialization=False: zhnlp writes safetensors only (pickled weights can run "
                              "code when loaded); drop the argument.")
-        options = saving.push_options(hub_kwargs, directory) if push_to_hub else {}
+        options = saving.push_options(hub_kwargs) if push_to_hub else {}
         if hub_kwargs and not push_to_hub:
             raise TypeError(f"save_pretrained got unexpected arguments {sorted(hub_kwargs)} (they are for "
                             "push_to_hub=True).")
@@ -264,7 +264,7 @@ class PretrainedModel(torch.nn.Module):
 
         from zhnlp.models.common import saving
 
-        options = saving.push_options({"repo_id": repo_id, **hub_kwargs}, repo_id)
+        options = saving.push_options({"repo_id": repo_id, **hub_kwargs})
         with tempfile.TemporaryDirectory(prefix="zhnlp-push-") as tmp:
             with cpu.device_mode():
                 saving.save(self, Path(tmp), max_shard_size=max_shard_size)

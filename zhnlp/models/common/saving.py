@@ -11,7 +11,7 @@ with huggingface_hub.
 from __future__ import annotations
 
 import logging
-import os
+import re
 from pathlib import Path
 
 import torch
@@ -24,6 +24,7 @@ from zhnlp.errors import ZhnlpError
 logger = logging.getLogger("zhnlp")
 
 SINGLE = "model.safetensors"
+_WEIGHT_FILE = re.compile(r"model(-\d{5}-of-\d{5})?\.safetensors")
 INDEX = "model.safetensors.index.json"
 
 
@@ -105,7 +106,7 @@ def _gather_pp(mine):
 def _remove_stale(directory: Path, written: set[str], keep_index: bool) -> None:
     """Weight files of an earlier save that the new one does not overwrite would shadow or confuse it."""
     for path in directory.glob("model*.safetensors"):
-        if path.name not in written:
+        if path.name not in written and _WEIGHT_FILE.fullmatch(path.name):  # only names save_pretrained writes
             path.unlink()
     if not keep_index and (directory / INDEX).exists():
         (directory / INDEX).unlink()
@@ -141,7 +142,7 @@ def push(directory: Path, repo_id: str | None, *, token=None, private: bool | No
     return url
 
 
-def push_options(kwargs: dict, directory: str | os.PathLike) -> dict:
+def push_options(kwargs: dict) -> dict:
     """transformers' push_to_hub keyword arguments that zhnlp passes on; anything else is refused by name."""
     known = {"repo_id", "token", "private", "commit_message", "revision", "create_pr"}
     unknown = sorted(set(kwargs) - known)
