@@ -161,5 +161,13 @@ class AutoModelForQuestionAnswering(_Auto):
     head = "question_answering"
 
 
-__all__ = ["AutoModel", "AutoModelForMaskedLM", "AutoModelForQuestionAnswering",
+class AutoModelForCausalLM(_Auto):
+    """Decoder LLMs (ERNIE 4.5): ``model(input_ids, attention_mask=None, position_ids=None, labels=None)`` gives
+    ``logits`` (b, s, vocab) and, with labels, ``loss``: the mean over tokens whose label (shifted one position
+    left inside the model, as transformers does) is not -100."""
+
+    head = "causal_lm"
+
+
+__all__ = ["AutoModel", "AutoModelForCausalLM", "AutoModelForMaskedLM", "AutoModelForQuestionAnswering",
            "AutoModelForSequenceClassification", "AutoModelForTokenClassification", "ModelNotFoundError"]

@@ -149,3 +149,79 @@ class Ignore:
 
     def covers(self, key: str) -> bool:
         return fnmatch.fnmatchcase(key, self.pattern)
+
+
+@dataclass
+class FuseGQA(Mapping):
+    """Separate Q, K, V of grouped-query attention <-> megatron's fused QKV, grouped per key/value head:
+    ``[q heads of group 0; k_0; v_0; q heads of group 1; k_1; v_1; ...]`` along dim 0 (each head
+    ``head_dim`` rows), so a tensor-parallel split of dim 0 gives each rank whole groups."""
+
+    q: str = ""
+    k: str = ""
+    v: str = ""
+    head_dim: int | None = None
+    num_heads: int | None = None
+    num_groups: int | None = None
+    head: str | None = None
+
+    def hf_keys(self, layer):
+        return [_fill(p, layer) for p in (self.q, self.k, self.v)]
+
+    def hf_shapes(self, layer, full):
+        q, k, v = self.hf_keys(layer)
+        hd, rest = self.head_dim, tuple(full[1:])
+        return {q: (self.num_heads * hd, *rest), k: (self.num_groups * hd, *rest), v: (self.num_groups * hd, *rest)}
+
+    def to_megatron(self, read, layer, rows, full_rows):
+        hd, per = self.head_dim, self.num_heads // self.num_groups
+        group_rows = (per + 2) * hd
+        start, end = rows if rows is not None else (0, full_rows)
+        g0, g1 = start // group_rows, end // group_rows
+        q, k, v = self.hf_keys(layer)
+        q = read(q, (g0 * per * hd, g1 * per * hd))
+        k, v = read(k, (g0 * hd, g1 * hd)), read(v, (g0 * hd, g1 * hd))
+        rest = q.shape[1:]
+        n = g1 - g0
+        fused = torch.cat([q.reshape(n, per * hd, *rest), k.reshape(n, hd, *rest), v.reshape(n, hd, *rest)], dim=1)
+        return fused.reshape(n * group_rows, *rest)
+
+    def to_hf(self, full, layer):
+        hd, per = self.head_dim, self.num_heads // self.num_groups
+        rest = full.shape[1:]
+        grouped = full.reshape(self.num_groups, (per + 2) * hd, *rest)
+        q, k, v = grouped.split([per * hd, hd, hd], dim=1)
+        return {key: t.reshape(-1, *rest).contiguous() for key, t in zip(self.hf_keys(layer), (q, k, v))}
+
+
+@dataclass
+class FuseGateUp(Mapping):
+    """SwiGLU's gate and up projections <-> megatron's gated ``linear_fc1``. Megatron's GLU halves each
+    rank's *own* output (``act(x[:n/2]) * x[n/2:]``), so rank r holds ``[gate_r; up_r]`` and the
+    TP-gathered tensor is ``[gate_0; up_0; gate_1; up_1; ...]``: the split depends on the TP size, taken
+    from the rows asked for (loading) and from the current layout (saving)."""
+
+    gate: str = ""
+    up: str = ""
+    head: str | None = None
+
+    def hf_keys(self, layer):
+        return [_fill(self.gate, layer), _fill(self.up, layer)]
+
+    def hf_shapes(self, layer, full):
+        return {k: (full[0] // 2, *full[1:]) for k in self.hf_keys(layer)}
+
+    def to_megatron(self, read, layer, rows, full_rows):
+        start, end = rows if rows is not None else (0, full_rows)
+        half, first = (end - start) // 2, start // 2  # this rank's rows of gate and of up
+        gate, up = self.hf_keys(layer)
+        return torch.cat([read(gate, (first, first + half)), read(up, (first, first + half))])
+
+    def to_hf(self, full, layer):
+        from zhnlp import distributed
+
+        tp = distributed.layout().tp
+        rest = full.shape[1:]
+        per_rank = full.reshape(tp, 2, full.shape[0] // (2 * tp), *rest)  # (tp, gate|up, ffn/tp, ...)
+        gate, up = self.hf_keys(layer)
+        return {gate: per_rank[:, 0].reshape(-1, *rest).contiguous(), up: per_rank[:, 1].reshape(-1, *rest).contiguous()}

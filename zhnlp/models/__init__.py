@@ -7,9 +7,9 @@ from zhnlp.models.common.family import Family
 
 
 def families() -> dict[str, Family]:
-    from zhnlp.models import ernie
+    from zhnlp.models import ernie, ernie4_5
 
-    return {f.name: f for f in (ernie.FAMILY,)}
+    return {f.name: f for f in (ernie.FAMILY, ernie4_5.FAMILY)}
 
 
 def family_for_model_type(model_type: str | None, source: str = "") -> Family:

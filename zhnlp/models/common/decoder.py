@@ -1,0 +1,96 @@
+"""Building blocks shared by pre-RMSNorm decoder LLMs (ERNIE 4.5, and later families) on megatron-core.
+
+Shapes follow megatron's convention inside the stack: ``[s, b, h]`` (sequence first); under sequence
+parallelism each tensor-parallel rank holds ``[s/tp, b, h]``. The layer itself is megatron's own pre-norm
+:class:`TransformerLayer`; this module only supplies what megatron has no CPU-friendly version of (an
+RMSNorm that accepts sequence-parallel marking, causal SDPA core attention) and the spec that wires them.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
+from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubmodules
+from megatron.core.transformer.enums import AttnMaskType
+from megatron.core.transformer.mlp import MLP, MLPSubmodules
+from megatron.core.transformer.module import MegatronModule
+from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
+
+from zhnlp.models.common.linear import ColumnLinear, RowLinear
+
+
+class RMSNorm(torch.nn.Module):
+    """``w * x / sqrt(mean(x^2) + eps)``, computed in float32 and cast back, as transformers' Llama-style
+    RMSNorm does. Parameters are marked ``sequence_parallel`` (their gradients are partial sums there)."""
+
+    def __init__(self, config, hidden_size: int, eps: float = 1e-5, sequence_parallel: bool | None = None):
+        super().__init__()
+        self.weight = torch.nn.Parameter(torch.ones(hidden_size, dtype=config.params_dtype))
+        self.eps = eps
+        self.weight.sequence_parallel = config.sequence_parallel if sequence_parallel is None else sequence_parallel
+
+    def forward(self, x):
+        dtype = x.dtype
+        x = x.float()
+        x = x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * x.to(dtype)
+
+
+class CausalSDPAttention(MegatronModule):
+    """Causal core attention through ``scaled_dot_product_attention``, with grouped-query heads.
+
+    Takes megatron's per-partition query ``[s, b, nh/tp, hd]``, key/value ``[s, b, ng/tp, hd]`` and an
+    optional key-padding mask ``[b, 1, 1, s]`` (True = padding). Returns ``[s, b, nh/tp * hd]``. A query
+    whose every key is masked (a left-padding position) attends to itself, so no row is NaN.
+    """
+
+    def __init__(self, config, layer_number, attn_mask_type, attention_type="self", softmax_scale=None,
+                 cp_comm_type=None, pg_collection=None, attention_dropout=None):
+        super().__init__(config=config)
+        self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
+        self.softmax_scale = softmax_scale
+
+    def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
+                packed_seq_params=None):
+        s, b, nh, hd = query.shape
+        q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # (b, heads, s, hd)
+        if k.shape[1] != nh:  # GQA: each key/value head serves nh/ng query heads
+            k = k.repeat_interleave(nh // k.shape[1], dim=1)
+            v = v.repeat_interleave(nh // v.shape[1], dim=1)
+        dropout_p = self.dropout_p if self.training else 0.0
+        if attention_mask is None:
+            out = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p, scale=self.softmax_scale)
+        else:
+            causal = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
+            keep = causal & ~attention_mask  # (b, 1, s, s), True = attend
+            keep = keep | torch.eye(s, dtype=torch.bool, device=q.device)
+            out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=dropout_p,
+                                                 scale=self.softmax_scale)
+        return out.permute(2, 0, 1, 3).reshape(s, b, nh * hd)  # (s, b, nh*hd)
+
+
+def pre_norm_decoder_layer_spec() -> ModuleSpec:
+    """Spec of one causal pre-RMSNorm decoder layer: ``x += Attn(RMSNorm(x)); x += MLP(RMSNorm(x))``
+    with megatron's SelfAttention (GQA via ``num_query_groups``, RoPE passed in) and MLP (SwiGLU via
+    ``gated_linear_unit``)."""
+    return ModuleSpec(
+        module=TransformerLayer,
+        submodules=TransformerLayerSubmodules(
+            input_layernorm=RMSNorm,
+            self_attention=ModuleSpec(
+                module=SelfAttention,
+                params={"attn_mask_type": AttnMaskType.causal},
+                submodules=SelfAttentionSubmodules(
+                    linear_qkv=ColumnLinear,
+                    core_attention=CausalSDPAttention,
+                    linear_proj=RowLinear,
+                ),
+            ),
+            self_attn_bda=get_bias_dropout_add,
+            pre_mlp_layernorm=RMSNorm,
+            mlp=ModuleSpec(module=MLP, submodules=MLPSubmodules(linear_fc1=ColumnLinear, linear_fc2=RowLinear)),
+            mlp_bda=get_bias_dropout_add,
+        ),
+    )

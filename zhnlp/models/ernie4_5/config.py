@@ -1,0 +1,148 @@
+"""Architecture of the dense ERNIE 4.5 decoder (transformers' ``Ernie4_5Config``, model_type ``ernie4_5``).
+
+Architecture only, read from and written to transformers' ``config.json``; the run layout meets it in
+:func:`zhnlp.models.ernie4_5.model.transformer_config`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import numbers
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from zhnlp.errors import CheckpointError, LayoutError
+from zhnlp.models.common.config_io import ConfigFiles
+
+MODEL_TYPES = ("ernie4_5",)
+VOCAB_PAD_MULTIPLE = 128  # as for the encoders: checkpoint shapes never depend on the layout
+_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+          "head_dim", "intermediate_size", "max_position_embeddings")
+_FIX = "Fix config.json or use the one that came with the checkpoint."
+
+
+@dataclass
+class Ernie4_5Config(ConfigFiles):
+    """transformers' Ernie4_5Config fields that define the network."""
+
+    model_type: str = "ernie4_5"
+    vocab_size: int = 103424
+    hidden_size: int = 1024
+    intermediate_size: int = 3072
+    num_hidden_layers: int = 18
+    num_attention_heads: int = 16
+    num_key_value_heads: int | None = 2
+    head_dim: int | None = 128
+    hidden_act: str = "silu"
+    max_position_embeddings: int = 131072
+    initializer_range: float = 0.02
+    rms_norm_eps: float = 1e-5
+    rope_theta: float = 500000.0
+    use_bias: bool = False
+    tie_word_embeddings: bool = True
+    pad_token_id: int | None = 0
+    bos_token_id: int | None = 1
+    eos_token_id: int | list | None = 2
+    # Everything else config.json carried (architectures, dtype, use_cache, ...), kept for saving.
+    extra: dict = field(default_factory=dict, repr=False)
+
+    def __post_init__(self):
+        if self.model_type not in MODEL_TYPES:
+            raise CheckpointError(f"model_type {self.model_type!r} is not the dense ERNIE 4.5 decoder {MODEL_TYPES}.")
+        if self.num_key_value_heads is None:
+            self.num_key_value_heads = self.num_attention_heads
+        if self.head_dim is None:
+            self.head_dim = self.hidden_size // self.num_attention_heads
+        for name in _SIZES:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+                raise CheckpointError(f"{name}={value!r} is not a valid size; it must be an integer >= 1. {_FIX}")
+        for name in ("rms_norm_eps", "rope_theta"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or value <= 0:
+                raise CheckpointError(f"{name}={value!r} is not valid; it must be a number > 0. {_FIX}")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise CheckpointError(f"num_attention_heads={self.num_attention_heads} is not a multiple of "
+                                  f"num_key_value_heads={self.num_key_value_heads} (grouped-query attention). {_FIX}")
+        if self.hidden_act != "silu":
+            raise CheckpointError(f"hidden_act {self.hidden_act!r} is not supported for ERNIE 4.5 (SwiGLU needs "
+                                  "'silu'); use transformers for this checkpoint.")
+
+    @property
+    def padded_vocab_size(self) -> int:
+        m = VOCAB_PAD_MULTIPLE
+        return (self.vocab_size + m - 1) // m * m
+
+    @property
+    def num_labels(self) -> None:  # family-independent code asks; a causal LM has no label head
+        return None
+
+    problem_type = None
+
+    # ------------------------------------------------------------------ transformers' config.json
+    @classmethod
+    def from_dict(cls, data: dict, *, source: str | None = None, **overrides) -> "Ernie4_5Config":
+        """Build from a config.json dict; ``overrides`` win. ``source`` names the file in error messages.
+
+        RoPE: transformers 5 writes ``rope_parameters`` ({rope_type, rope_theta}), older files ``rope_theta``
+        and ``rope_scaling``; only the default (unscaled) RoPE is implemented, anything else is refused."""
+        where = source or "config.json"
+        if not isinstance(data, dict):
+            raise CheckpointError(f"{where} must be a JSON object of model settings, got {type(data).__name__}; "
+                                  "re-save the checkpoint or restore its config.json.")
+        data = {**data, **overrides}
+        rope = data.pop("rope_parameters", None) or {}
+        scaling = data.pop("rope_scaling", None) or {}
+        for what, params in (("rope_parameters", rope), ("rope_scaling", scaling)):
+            if not isinstance(params, dict):
+                raise CheckpointError(f"{where}: {what}={params!r} must be an object. {_FIX}")
+            kind = params.get("rope_type", params.get("type", "default"))
+            if kind != "default":
+                raise CheckpointError(f"{where}: {what} has rope_type {kind!r}; zhnlp implements only the default "
+                                      "(unscaled) RoPE of ERNIE 4.5; use transformers for this checkpoint.")
+        if "rope_theta" in rope:
+            data["rope_theta"] = rope["rope_theta"]
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        known = {k: v for k, v in data.items() if k in names}
+        extra = {k: v for k, v in data.items() if k not in names and k not in ("id2label", "label2id")}
+        try:
+            return cls(**known, extra=extra)
+        except CheckpointError as e:
+            if source is None:
+                raise
+            raise CheckpointError(f"{source}: {e}") from None
+
+    @classmethod
+    def from_json_file(cls, path: str | Path, **overrides) -> "Ernie4_5Config":
+        from zhnlp.hub import read_config_json
+
+        return cls.from_dict(read_config_json(path), source=str(path), **overrides)
+
+    def to_dict(self, architecture: str | None = None) -> dict:
+        """The config.json transformers reads back (``rope_parameters`` as transformers 5 writes it)."""
+        out = dict(self.extra)
+        for f in dataclasses.fields(self):
+            if f.name not in ("extra", "rope_theta"):
+                out[f.name] = getattr(self, f.name)
+        out["rope_parameters"] = {"rope_type": "default", "rope_theta": self.rope_theta}
+        if architecture:
+            out["architectures"] = [architecture]
+        return out
+
+    # ------------------------------------------------------------------ layout checks
+    def check_layout(self, tp: int, pp: int, vpp: int | None = None) -> None:
+        """Raise one clear LayoutError if this architecture cannot be split ``tp`` x ``pp`` ways."""
+        problems = []
+        if self.num_key_value_heads % tp:
+            problems.append(f"num_key_value_heads={self.num_key_value_heads} is not divisible by tp={tp}")
+        if self.intermediate_size % tp:
+            problems.append(f"intermediate_size (FFN width)={self.intermediate_size} is not divisible by tp={tp}")
+        if self.padded_vocab_size % tp:
+            problems.append(f"the padded vocabulary ({self.vocab_size} -> {self.padded_vocab_size}) "
+                            f"is not divisible by tp={tp}")
+        stages = pp * (vpp or 1)
+        if self.num_hidden_layers % stages:
+            problems.append(f"num_hidden_layers={self.num_hidden_layers} is not divisible by pp*vpp={stages}")
+        if problems:
+            raise LayoutError("this model does not fit the parallel layout: " + "; ".join(problems)
+                              + ". Choose tp/pp/vpp that divide these sizes.")

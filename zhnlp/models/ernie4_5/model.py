@@ -1,0 +1,171 @@
+"""The dense ERNIE 4.5 decoder on megatron-core, written as if for one device.
+
+Parallelism comes from outside, as for the encoders: the layer spec picks the tensor-parallel classes,
+megatron's TransformerBlock builds only this stage's layers, ``pre_process`` / ``post_process`` say whether
+this stage owns the embeddings / the final norm and output layer. The stack is named ``encoder`` (not
+megatron's ``decoder``) because the family-independent code (conversion engine, hidden-state recorder)
+addresses a chunk's layers as ``encoder.layers.*``.
+
+ERNIE 4.5 specifics (transformers' ``modeling_ernie4_5``): RoPE rotates *interleaved* pairs
+``(x0, x1), (x2, x3), ...`` (megatron's ``rotary_interleaved``), in float32; SwiGLU MLP; GQA; biases on
+every linear or none (``use_bias``); no biases on the output layer.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from megatron.core import parallel_state, tensor_parallel
+from megatron.core.enums import ModelType
+from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
+from megatron.core.models.common.language_module.language_module import LanguageModule
+from megatron.core.transformer.transformer_block import (TransformerBlock, TransformerBlockSubmodules,
+                                                         get_num_layers_to_build)
+from megatron.core.transformer.transformer_config import TransformerConfig
+from megatron.core.utils import init_method_normal
+
+from zhnlp.models.common import heads as H
+from zhnlp.models.common.decoder import RMSNorm, pre_norm_decoder_layer_spec
+from zhnlp.models.common.linear import ColumnLinear
+from zhnlp.models.ernie4_5.config import Ernie4_5Config
+
+HEADS = ("causal_lm",)
+
+
+def transformer_config(arch: Ernie4_5Config, *, tp: int = 1, pp: int = 1, vpp: int | None = None,
+                       **run_options) -> TransformerConfig:
+    """Meet point of the architecture and the run: megatron's TransformerConfig."""
+    arch.check_layout(tp, pp, vpp)
+    init = init_method_normal(arch.initializer_range)
+    params_dtype = run_options.pop("params_dtype", torch.float32)
+    options = dict(
+        num_layers=arch.num_hidden_layers,
+        hidden_size=arch.hidden_size,
+        num_attention_heads=arch.num_attention_heads,
+        num_query_groups=arch.num_key_value_heads,
+        kv_channels=arch.head_dim,
+        ffn_hidden_size=arch.intermediate_size,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        layernorm_epsilon=arch.rms_norm_eps,
+        normalization="RMSNorm",
+        activation_func=F.silu,
+        gated_linear_unit=True,
+        add_bias_linear=arch.use_bias,
+        add_qkv_bias=arch.use_bias,
+        apply_rope_fusion=False,
+        rotary_interleaved=True,
+        init_method=init,
+        output_layer_init_method=init,  # transformers initialises every linear alike
+        init_method_std=arch.initializer_range,
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        virtual_pipeline_model_parallel_size=vpp,
+        params_dtype=params_dtype,
+        pipeline_dtype=params_dtype,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        gradient_accumulation_fusion=False,
+        use_cpu_initialization=True,
+        batch_p2p_comm=False,
+    )
+    options.update(run_options)
+    return TransformerConfig(**options)
+
+
+def shift_labels(labels):
+    """transformers' causal-LM rule: position t predicts token t+1; the last position predicts nothing.
+    (b, s) -> (b, s)."""
+    return F.pad(labels, (0, 1), value=-100)[:, 1:]
+
+
+class Ernie4_5Model(LanguageModule):
+    """One pipeline stage (or virtual chunk) of the ERNIE 4.5 decoder with the causal-LM head."""
+
+    def __init__(self, config: TransformerConfig, arch: Ernie4_5Config, head: str = "causal_lm",
+                 pre_process: bool = True, post_process: bool = True, vp_stage: int | None = None):
+        super().__init__(config=config)
+        if head not in HEADS:
+            raise ValueError(f"the ERNIE 4.5 decoder has the heads {HEADS}, not {head!r}; "
+                             "use zhnlp.AutoModelForCausalLM.")
+        self.arch, self.head = arch, head
+        self.model_type = ModelType.encoder_or_decoder
+        self.pre_process, self.post_process, self.vp_stage = pre_process, post_process, vp_stage
+        self.share_embeddings_and_output_weights = bool(arch.tie_word_embeddings)
+        h = config.hidden_size
+        if pre_process:
+            self.embedding = _WordEmbedding(config, arch.padded_vocab_size)
+        self.rotary_pos_emb = RotaryEmbedding(arch.head_dim, 1.0, rotary_interleaved=True,
+                                              rotary_base=arch.rope_theta, use_cpu_initialization=True)
+        layers = get_num_layers_to_build(config, vp_stage=vp_stage)
+        spec = TransformerBlockSubmodules(layer_specs=[pre_norm_decoder_layer_spec()] * layers, layer_norm=RMSNorm)
+        self.encoder = TransformerBlock(config, spec, post_layer_norm=True, pre_process=pre_process,
+                                        post_process=post_process, vp_stage=vp_stage)
+        if post_process:
+            self.output_layer = ColumnLinear(
+                h, arch.padded_vocab_size, config=config, init_method=config.init_method, bias=False,
+                gather_output=False, skip_bias_add=False,
+                skip_weight_param_allocation=pre_process and self.share_embeddings_and_output_weights)
+        if self.share_embeddings_and_output_weights:
+            self.setup_embeddings_and_output_layer()
+
+    # -- pipeline plumbing -------------------------------------------------------------------
+    def set_input_tensor(self, input_tensor) -> None:
+        if isinstance(input_tensor, (list, tuple)):
+            input_tensor = input_tensor[0]
+        self.encoder.set_input_tensor(input_tensor)
+
+    def output_shapes(self, batch: int, seq: int) -> dict[str, tuple[int, ...]]:
+        return {"logits": (batch, seq, self.arch.vocab_size)}
+
+    def _rope(self, position_ids, seq: int):
+        """Rotary angles ``(s, b, 1, hd)`` for ``position_ids`` (b, s), interleaved as megatron applies them."""
+        table = self.rotary_pos_emb(int(position_ids.max()) + 1)[:, 0, 0, :]  # (max_pos, hd), float32
+        return table[position_ids].transpose(0, 1).unsqueeze(2)
+
+    # -- forward -------------------------------------------------------------------------------
+    def forward(self, input_ids, attention_mask=None, position_ids=None, labels=None, gather_logits: bool = True,
+                **_unused):
+        """Embed (first stage), run this stage's layers, project to the vocabulary (last stage).
+
+        Inputs are batch-first ``(b, s)``; ``attention_mask`` 1 = real token. Returns the hidden states
+        ``(s, b, h)`` on stages without the head, else ``{"logits": (b, s, V)}`` (and ``loss``)."""
+        b, s = input_ids.shape
+        mask = None  # (b, 1, 1, s), True = padding key
+        if attention_mask is not None and not bool(attention_mask.all()):
+            mask = (attention_mask == 0)[:, None, None, :]
+        if position_ids is None:
+            position_ids = torch.arange(s, device=input_ids.device).expand(b, s)
+        hidden = self.embedding(input_ids) if self.pre_process else None
+        hidden = self.encoder(hidden, mask, rotary_pos_emb=self._rope(position_ids, s))  # (s, b, h)
+        if not self.post_process:
+            return hidden
+        # megatron's shared_embedding_or_output_weight() names the embeddings whenever this stage has them
+        weight = self.shared_embedding_or_output_weight() if self.share_embeddings_and_output_weights else None
+        logits, _ = self.output_layer(hidden, weight=weight)  # (s, b, Vp/tp)
+        out = {}
+        if labels is not None:
+            start = parallel_state.get_tensor_model_parallel_rank() * logits.size(-1)
+            out["loss"] = H.vocab_parallel_masked_lm_loss(logits, shift_labels(labels), self.arch.vocab_size, start)
+        if gather_logits:
+            logits = tensor_parallel.gather_from_tensor_model_parallel_region(logits)
+            out["logits"] = logits[..., : self.arch.vocab_size].transpose(0, 1)  # (b, s, V)
+        return out
+
+
+class _WordEmbedding(torch.nn.Module):
+    """Vocabulary-parallel word embedding, output ``(s, b, h)`` (scattered under sequence parallelism)."""
+
+    def __init__(self, config, vocab_size: int):
+        super().__init__()
+        self.config = config
+        self.word_embeddings = tensor_parallel.VocabParallelEmbedding(
+            vocab_size, config.hidden_size, init_method=config.init_method, config=config)
+
+    def forward(self, input_ids):
+        x = self.word_embeddings(input_ids).transpose(0, 1).contiguous()  # (s, b, h)
+        if self.config.sequence_parallel:
+            x = tensor_parallel.scatter_to_sequence_parallel_region(x)  # (s/tp, b, h)
+        return x
