@@ -1,0 +1,135 @@
+"""The dense ERNIE 4.5 decoder against transformers' Ernie4_5ForCausalLM in one process: logits and loss on a
+right-padded batch, gradients, the HF -> zhnlp -> HF round trip, and the loading errors."""
+
+import json
+
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import zhnlp
+from tests.tiny_decoder import BASE, CONFIGS, hf_model, inputs
+from zhnlp.auto import AutoModelForCausalLM
+from zhnlp.conversion import engine
+from zhnlp.errors import CheckpointError
+
+
+@pytest.fixture(scope="module", autouse=True)
+def world_of_one():
+    zhnlp.distributed.init()
+    yield
+
+
+def _pair(tmp_path, name, seed=0):
+    hf = hf_model(name, seed=seed)
+    hf.save_pretrained(tmp_path / "hf")
+    return hf, AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_logits_and_loss_match_transformers(tmp_path, name):
+    hf, model = _pair(tmp_path, name)
+    batch = inputs()
+    with torch.no_grad():
+        ref, out = hf(**batch), model(**batch)
+    real = batch["attention_mask"].bool()
+    assert out.logits.shape == ref.logits.shape == (3, 10, BASE["vocab_size"])
+    torch.testing.assert_close(out.logits[real], ref.logits[real], rtol=0, atol=2e-5)
+    torch.testing.assert_close(out.loss, ref.loss, rtol=0, atol=1e-5)
+    # no mask and explicit position ids (shifted by 3) give transformers' logits too
+    ids = batch["input_ids"]
+    pos = torch.arange(3, 13).expand(3, 10)
+    with torch.no_grad():
+        torch.testing.assert_close(model(ids, position_ids=pos).logits, hf(ids, position_ids=pos).logits,
+                                   rtol=0, atol=2e-5)
+    assert model(ids).loss is None
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_gradients_match_transformers(tmp_path, name):
+    hf, model = _pair(tmp_path, name)
+    model.train()
+    batch = inputs(seed=1)
+    hf(**batch).loss.backward()
+    model(**batch).loss.backward()
+    ref = {n: p.grad for n, p in hf.named_parameters()}
+    table = model.family.bridge.table(model.config)
+    names = engine.global_param_names(model.chunks[0])
+    checked = set()
+    for local, p in model.chunks[0].named_parameters():
+        mapping, layer = table.find(names[local])
+        for key, grad in mapping.to_hf(p.grad, layer).items():
+            torch.testing.assert_close(grad, ref[key], rtol=1e-4, atol=1e-6, msg=key)
+            checked.add(key)
+    assert checked == {n for n in ref if not (n == "lm_head.weight" and hf.config.tie_word_embeddings)}
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_round_trip_is_bit_exact(tmp_path, name):
+    hf, model = _pair(tmp_path, name, seed=1)
+    model.save_pretrained(tmp_path / "zh")
+    back = type(hf).from_pretrained(tmp_path / "zh").eval()
+    a, b = hf.state_dict(), back.state_dict()
+    assert set(a) == set(b)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    cfg = back.config
+    assert (cfg.model_type, cfg.tie_word_embeddings, cfg.use_bias) == ("ernie4_5", CONFIGS[name]["tie_word_embeddings"],
+                                                                       CONFIGS[name]["use_bias"])
+    assert (cfg.num_key_value_heads, cfg.head_dim, cfg.rope_parameters["rope_theta"]) == (2, 8, 10000.0)
+    assert json.loads((tmp_path / "zh" / "config.json").read_text())["architectures"] == ["Ernie4_5ForCausalLM"]
+
+
+def _edit(tmp_path, name, change_weights=None, change_config=None):
+    hf = hf_model(name)
+    hf.save_pretrained(tmp_path / "hf")
+    if change_weights:
+        path = tmp_path / "hf" / "model.safetensors"
+        tensors = load_file(path)
+        change_weights(tensors)
+        save_file(tensors, path, metadata={"format": "pt"})
+    if change_config:
+        path = tmp_path / "hf" / "config.json"
+        cfg = json.loads(path.read_text())
+        change_config(cfg)
+        path.write_text(json.dumps(cfg))
+    return tmp_path / "hf"
+
+
+def test_missing_weight_is_named(tmp_path):
+    d = _edit(tmp_path, "untied_bias", lambda t: t.pop("model.layers.1.mlp.up_proj.weight"))
+    with pytest.raises(CheckpointError, match=r"missing weights \[model.layers.1.mlp.up_proj.weight\]"):
+        AutoModelForCausalLM.from_pretrained(d)
+
+
+def test_unexpected_weight_is_named(tmp_path):
+    d = _edit(tmp_path, "tied", lambda t: t.update({"model.layers.0.extra.weight": torch.zeros(2)}))
+    with pytest.raises(CheckpointError, match=r"unexpected weights .*model.layers.0.extra.weight"):
+        AutoModelForCausalLM.from_pretrained(d)
+
+
+def test_shape_mismatch_names_the_parameter(tmp_path):
+    d = _edit(tmp_path, "tied", change_config=lambda c: c.update(num_key_value_heads=4))
+    with pytest.raises(CheckpointError, match=r"shape mismatch for encoder.layers.0.self_attention.linear_qkv.weight "
+                                              r"\(model.layers.0.self_attn.k_proj.weight: expected \(32, 24\), "
+                                              r"found \(16, 24\)\)"):
+        AutoModelForCausalLM.from_pretrained(d)
+
+
+def test_unsupported_rope_scaling_is_refused(tmp_path):
+    d = _edit(tmp_path, "tied", change_config=lambda c: c.update(
+        rope_parameters={"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0}))
+    with pytest.raises(CheckpointError, match=r"config.json: rope_parameters has rope_type 'yarn'; zhnlp implements "
+                                              r"only the default"):
+        AutoModelForCausalLM.from_pretrained(d)
+
+
+def test_fresh_weights_from_config_and_loaded_none(tmp_path):
+    hf, model = _pair(tmp_path, "untied_bias")
+    assert model.fresh_weights == []
+    fresh = AutoModelForCausalLM.from_config(dict(CONFIGS["untied_bias"], model_type="ernie4_5"))
+    assert "encoder.layers.2.mlp.linear_fc1.weight" in fresh.fresh_weights
+    with torch.no_grad():
+        out = fresh(**inputs())
+    assert out.logits.shape == (3, 10, BASE["vocab_size"]) and torch.isfinite(out.loss)
+    assert fresh.num_parameters() == sum(p.numel() for p in hf.parameters())
