@@ -15,12 +15,12 @@ CONFIGS = {
 }
 
 
-def hf_model(name: str, seed: int = 0):
+def hf_model(name: str, seed: int = 0, **extra):
     """A randomly initialised transformers ``Ernie4_5ForCausalLM`` of config ``name``, in eval mode, fp32."""
     import transformers
 
     torch.manual_seed(seed)
-    model = transformers.Ernie4_5ForCausalLM(transformers.Ernie4_5Config(**CONFIGS[name])).eval().float()
+    model = transformers.Ernie4_5ForCausalLM(transformers.Ernie4_5Config(**{**CONFIGS[name], **extra})).eval().float()
     # Non-trivial norm weights and biases, so that a mis-mapped weight cannot hide.
     with torch.no_grad():
         for n, p in model.named_parameters():

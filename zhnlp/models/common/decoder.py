@@ -94,3 +94,12 @@ def pre_norm_decoder_layer_spec() -> ModuleSpec:
             mlp_bda=get_bias_dropout_add,
         ),
     )
+
+
+def causal_lm_loss(logits, labels):
+    """transformers' causal-LM loss from complete logits ``(b, s, V)``: labels shifted one position left,
+    float32 cross-entropy averaged over the labels that are not -100; None without labels."""
+    if labels is None:
+        return None
+    shifted = F.pad(labels, (0, 1), value=-100)[:, 1:]
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), shifted.reshape(-1), ignore_index=-100)

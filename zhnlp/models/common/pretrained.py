@@ -130,7 +130,8 @@ class PretrainedModel(torch.nn.Module):
                     if dim is not None:
                         shape[dim] *= self.layout.tp
                     # the tied MLM decoder on a last stage must start equal to the word embeddings
-                    source = "embedding.word_embeddings.weight" if name == "output_layer.weight" else name
+                    tied = getattr(self.config, "tie_word_embeddings", True)  # the encoders' MLM decoder is tied
+                    source = "embedding.word_embeddings.weight" if name == "output_layer.weight" and tied else name
                     gen = torch.Generator().manual_seed(seed + _stable_hash(source))
                     value = torch.empty(shape, dtype=torch.float32).normal_(0.0, std, generator=gen)
                     if name.endswith("word_embeddings.weight") or name == "output_layer.weight":
@@ -187,7 +188,12 @@ class PretrainedModel(torch.nn.Module):
         if self.layout.pp == 1:
             return ModelOutput(self.chunks[0](**batch, **targets))
         out = self._pipeline_forward(batch)
-        loss = H.head_loss(self.head, out, self.config.num_labels, self.config.problem_type, **targets)
+        if self.head == "causal_lm":
+            from zhnlp.models.common.decoder import causal_lm_loss
+
+            loss = causal_lm_loss(out["logits"], targets.get("labels"))
+        else:
+            loss = H.head_loss(self.head, out, self.config.num_labels, self.config.problem_type, **targets)
         if loss is not None:
             out["loss"] = loss
         return ModelOutput(out)
