@@ -1,5 +1,5 @@
 """Run under torchrun: load each prepared ERNIE 4.5 checkpoint with zhnlp under the layout given on the command
-line, compare logits and loss (and, without a pipeline, every gradient) with transformers' reference, save it back.
+line, compare logits, loss and hidden states (and, without a pipeline, every gradient) with transformers' reference, save it back.
 
 The parent test prepares ``CASES/<name>/{hf/, inputs.safetensors, reference.safetensors}``; each rank writes
 ``CASES/<name>/result-<layout>-rank<r>.json`` with the largest differences.
@@ -56,6 +56,10 @@ def main() -> int:
         real = batch["attention_mask"].bool()
         diffs = {"logits": (out.logits[real] - ref["logits"][real]).abs().max().item(),
                  "loss": (out.loss - ref["loss"]).abs().item()}
+        with torch.no_grad():
+            hidden = model(batch["input_ids"], attention_mask=batch["attention_mask"],
+                           output_hidden_states=True).hidden_states
+        diffs["hidden"] = max((h[real] - ref[f"hidden.{i}"][real]).abs().max().item() for i, h in enumerate(hidden))
         if args.pp == 1:
             model.train()
             model(**batch).loss.backward()

@@ -1,5 +1,6 @@
-"""ERNIE 4.5 decoder parity with transformers at TP=2 and PP=2 (gloo, two processes): logits, loss, gradients
-(TP) and the save -> transformers round trip. Kept small: two tiny 4-layer checkpoints, one job per layout."""
+"""ERNIE 4.5 decoder parity with transformers at TP=2 and PP=2 (gloo, two processes): logits, loss, hidden
+states, gradients (TP) and the save -> transformers round trip. Kept small: two tiny 4-layer checkpoints, one
+job per layout."""
 
 import json
 from pathlib import Path
@@ -23,12 +24,15 @@ def cases(tmp_path_factory):
         hf = hf_model(name, num_hidden_layers=4)
         hf.save_pretrained(case / "hf")
         batch = inputs()
+        with torch.no_grad():
+            hidden = hf(**batch, output_hidden_states=True).hidden_states
         hf.train()
         ref = hf(**batch)
         ref.loss.backward()
         save_file({k: v.contiguous() for k, v in batch.items()}, str(case / "inputs.safetensors"))
         expected = {"logits": ref.logits.detach().contiguous(), "loss": ref.loss.detach().reshape(())}
         expected.update({f"grad.{n}": p.grad.contiguous() for n, p in hf.named_parameters()})
+        expected.update({f"hidden.{i}": h.contiguous() for i, h in enumerate(hidden)})
         save_file(expected, str(case / "reference.safetensors"))
     return root
 
@@ -42,7 +46,7 @@ def test_layout_matches_transformers(cases, tp, pp):
     for case in sorted(p for p in cases.iterdir() if (p / "hf").is_dir()):
         for rank in range(2):
             d = json.loads((case / f"result-{tag}-rank{rank}.json").read_text())["diffs"]
-            assert d["logits"] <= 2e-5 and d["loss"] <= 1e-5, (case.name, tag, rank, d)
+            assert d["logits"] <= 2e-5 and d["loss"] <= 1e-5 and d["hidden"] <= 2e-5, (case.name, tag, rank, d)
             if pp == 1:
                 assert d["grads"] <= 1e-5 and d["grad_keys_missing"] == 0, (case.name, tag, rank, d)
         a = transformers.Ernie4_5ForCausalLM.from_pretrained(case / "hf").state_dict()

@@ -133,3 +133,25 @@ def test_fresh_weights_from_config_and_loaded_none(tmp_path):
         out = fresh(**inputs())
     assert out.logits.shape == (3, 10, BASE["vocab_size"]) and torch.isfinite(out.loss)
     assert fresh.num_parameters() == sum(p.numel() for p in hf.parameters())
+
+
+def test_hidden_states_match_transformers(tmp_path):
+    """Embeddings' output, every layer's, the last one normed (as transformers returns them); logits unchanged."""
+    hf, model = _pair(tmp_path, "untied_bias")
+    batch = {k: v for k, v in inputs().items() if k != "labels"}
+    with torch.no_grad():
+        ref, out = hf(**batch, output_hidden_states=True), model(**batch, output_hidden_states=True)
+    real = batch["attention_mask"].bool()
+    assert len(out.hidden_states) == len(ref.hidden_states) == 4
+    for a, b in zip(out.hidden_states, ref.hidden_states):
+        torch.testing.assert_close(a[real], b[real], rtol=0, atol=2e-5)
+    torch.testing.assert_close(out.logits[real], ref.logits[real], rtol=0, atol=2e-5)
+    with torch.no_grad():  # the final norm is back in place afterwards
+        torch.testing.assert_close(model(**batch).logits[real], ref.logits[real], rtol=0, atol=2e-5)
+
+
+def test_token_type_ids_are_refused(tmp_path):
+    _, model = _pair(tmp_path, "tied")
+    ids = inputs()["input_ids"]
+    with pytest.raises(TypeError, match="ERNIE 4.5 has no token_type_ids"):
+        model(ids, None, torch.zeros_like(ids))

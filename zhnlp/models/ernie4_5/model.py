@@ -13,6 +13,8 @@ every linear or none (``use_bias``); no biases on the output layer.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 from megatron.core import parallel_state, tensor_parallel
@@ -120,6 +122,27 @@ class Ernie4_5Model(LanguageModule):
     def output_shapes(self, batch: int, seq: int) -> dict[str, tuple[int, ...]]:
         return {"logits": (batch, seq, self.arch.vocab_size)}
 
+    @contextlib.contextmanager
+    def all_positions(self):
+        """For ``output_hidden_states`` (entered before the recorder hooks the layers): transformers' last
+        hidden state is the *normed* one, so the final norm moves onto the last layer's output meanwhile."""
+        norm = self.encoder.final_layernorm if self.post_process and len(self.encoder.layers) else None
+        if norm is None:
+            yield
+            return
+
+        def normed(_module, _inputs, output):
+            hidden, context = output
+            return norm(hidden), context
+
+        handle = self.encoder.layers[-1].register_forward_hook(normed)
+        self.encoder.final_layernorm = None
+        try:
+            yield
+        finally:
+            handle.remove()
+            self.encoder.final_layernorm = norm
+
     def _rope(self, position_ids, seq: int):
         """Rotary angles ``(s, b, 1, hd)`` for ``position_ids`` (b, s), interleaved as megatron applies them."""
         table = self.rotary_pos_emb(int(position_ids.max()) + 1)[:, 0, 0, :]  # (max_pos, hd), float32
@@ -127,11 +150,14 @@ class Ernie4_5Model(LanguageModule):
 
     # -- forward -------------------------------------------------------------------------------
     def forward(self, input_ids, attention_mask=None, position_ids=None, labels=None, gather_logits: bool = True,
-                **_unused):
+                token_type_ids=None, task_type_ids=None):
         """Embed (first stage), run this stage's layers, project to the vocabulary (last stage).
 
         Inputs are batch-first ``(b, s)``; ``attention_mask`` 1 = real token. Returns the hidden states
         ``(s, b, h)`` on stages without the head, else ``{"logits": (b, s, V)}`` (and ``loss``)."""
+        if token_type_ids is not None or task_type_ids is not None:
+            raise TypeError("ERNIE 4.5 has no token_type_ids/task_type_ids; call model(input_ids, "
+                            "attention_mask=..., position_ids=..., labels=...) with keywords.")
         b, s = input_ids.shape
         mask = None  # (b, 1, 1, s), True = padding key
         if attention_mask is not None and not bool(attention_mask.all()):
