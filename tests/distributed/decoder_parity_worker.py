@@ -29,6 +29,10 @@ def full_grads(model) -> dict:
     out = {}
     for local, p in chunk.named_parameters():
         grad = p.grad
+        if model.transformer_config.sequence_parallel and getattr(p, "sequence_parallel", False):
+            # partial sums over this rank's tokens: the training side's finalize_model_grads all-reduces them
+            grad = grad.clone()
+            dist.all_reduce(grad, group=ps.get_tensor_model_parallel_group())
         if dims[local] is not None and lay.tp > 1:
             pieces = [torch.empty_like(grad) for _ in range(lay.tp)]
             dist.all_gather(pieces, grad.contiguous(), group=ps.get_tensor_model_parallel_group())
@@ -43,14 +47,15 @@ def main() -> int:
     ap.add_argument("cases", type=Path)
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--pp", type=int, default=1)
+    ap.add_argument("--sp", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(1)
     lay = zhnlp.distributed.init(tp=args.tp, pp=args.pp)
-    tag = f"tp{args.tp}pp{args.pp}"
+    tag = f"tp{args.tp}pp{args.pp}" + ("sp" if args.sp else "")
     for case in sorted(p for p in args.cases.iterdir() if (p / "hf").is_dir()):
         batch = load_file(str(case / "inputs.safetensors"))
         ref = load_file(str(case / "reference.safetensors"))
-        model = AutoModelForCausalLM.from_pretrained(case / "hf")
+        model = AutoModelForCausalLM.from_pretrained(case / "hf", sequence_parallel=args.sp)
         with torch.no_grad():
             out = model(**batch)
         real = batch["attention_mask"].bool()

@@ -1,4 +1,5 @@
-"""ERNIE 4.5 decoder parity with transformers at TP=2 and PP=2 (gloo, two processes): logits, loss, hidden
+"""ERNIE 4.5 decoder parity with transformers at TP=2 (with and without sequence
+parallelism) and PP=2 (gloo, two processes): logits, loss, hidden
 states, gradients (TP) and the save -> transformers round trip. Kept small: two tiny 4-layer checkpoints, one
 job per layout."""
 
@@ -37,12 +38,12 @@ def cases(tmp_path_factory):
     return root
 
 
-@pytest.mark.parametrize("tp,pp", [(2, 1), (1, 2)], ids=["tp2", "pp2"])
-def test_layout_matches_transformers(cases, tp, pp):
+@pytest.mark.parametrize("tp,pp,sp", [(2, 1, False), (2, 1, True), (1, 2, False)], ids=["tp2", "tp2-sp", "pp2"])
+def test_layout_matches_transformers(cases, tp, pp, sp):
     import transformers
 
-    torchrun(WORKER, 2, cases, f"--tp={tp}", f"--pp={pp}")
-    tag = f"tp{tp}pp{pp}"
+    torchrun(WORKER, 2, cases, f"--tp={tp}", f"--pp={pp}", *(["--sp"] if sp else []))
+    tag = f"tp{tp}pp{pp}" + ("sp" if sp else "")
     for case in sorted(p for p in cases.iterdir() if (p / "hf").is_dir()):
         for rank in range(2):
             d = json.loads((case / f"result-{tag}-rank{rank}.json").read_text())["diffs"]
