@@ -155,3 +155,49 @@ def test_token_type_ids_are_refused(tmp_path):
     ids = inputs()["input_ids"]
     with pytest.raises(TypeError, match="ERNIE 4.5 has no token_type_ids"):
         model(ids, None, torch.zeros_like(ids))
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_greedy_generation_is_token_identical(tmp_path, name):
+    """Left-padded prompts, with and without an end-of-sequence token, as transformers' generate gives them
+    (weights scaled up so that a random model does not just repeat one token)."""
+    hf = hf_model(name, initializer_range=0.5)
+    hf.save_pretrained(tmp_path / "hf")
+    model = AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+    ids = inputs()["input_ids"][:, :6]
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    mask[2, :4] = 0
+    ids = ids.masked_fill(mask == 0, 0)
+    ref = hf.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False, eos_token_id=None, pad_token_id=0)
+    out = model.generate(ids, attention_mask=mask, max_new_tokens=16, eos_token_id=[])
+    assert torch.equal(out, ref)
+    assert len(set(ref[0, 6:].tolist())) > 3  # a real continuation, not one repeated token
+    eos = int(ref[0, 10])
+    ref = hf.generate(ids, attention_mask=mask, max_new_tokens=16, do_sample=False, eos_token_id=eos, pad_token_id=0)
+    assert torch.equal(model.generate(ids, attention_mask=mask, max_new_tokens=16, eos_token_id=eos, pad_token_id=0),
+                       ref)
+    # an unpadded prompt; top_k=1 sampling is greedy; a streamer sees the prompt, then each new token
+    plain = inputs()["input_ids"][:2, :5]
+    ref = hf.generate(plain, attention_mask=torch.ones_like(plain), max_new_tokens=8, do_sample=False,
+                      eos_token_id=None, pad_token_id=0)
+    seen = []
+
+    class Streamer:
+        def put(self, value):
+            seen.append(value)
+
+        def end(self):
+            seen.append("end")
+
+    assert torch.equal(model.generate(plain, max_new_tokens=8, eos_token_id=[], streamer=Streamer()), ref)
+    assert torch.equal(seen[0], plain) and len(seen) == 10 and seen[-1] == "end"
+    assert torch.equal(model.generate(plain, max_new_tokens=8, eos_token_id=[], do_sample=True, top_k=1), ref)
+
+
+def test_generate_is_for_decoders(tmp_path):
+    from tests.tiny import hf_model as encoder_model
+
+    encoder_model("bert", "mlm").save_pretrained(tmp_path / "bert")
+    with pytest.raises(TypeError, match=r"generate\(\) needs a decoder model"):
+        zhnlp.AutoModelForMaskedLM.from_pretrained(tmp_path / "bert").generate(torch.ones(1, 3, dtype=torch.long))

@@ -56,6 +56,8 @@ class CausalSDPAttention(MegatronModule):
                 packed_seq_params=None):
         s, b, nh, hd = query.shape
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # (b, heads, s, hd)
+        if self.kv_cache is not None:  # generation: keys/values of earlier steps come first
+            return self._cached(q, k, v, attention_mask, s, b, nh, hd)
         if k.shape[1] != nh:  # GQA: each key/value head serves nh/ng query heads
             k = k.repeat_interleave(nh // k.shape[1], dim=1)
             v = v.repeat_interleave(nh // v.shape[1], dim=1)
@@ -69,6 +71,25 @@ class CausalSDPAttention(MegatronModule):
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=dropout_p,
                                                  scale=self.softmax_scale)
         return out.permute(2, 0, 1, 3).reshape(s, b, nh * hd)  # (s, b, nh*hd)
+
+    kv_cache: dict | None = None  # set by zhnlp.models.common.generation while generating
+
+    def _cached(self, q, k, v, attention_mask, s, b, nh, hd):
+        """``s`` new queries at positions ``past .. past+s-1`` over every key so far; ``attention_mask``
+        ``(b, 1, 1, past+s)`` marks padding keys. The cache holds the ``ng`` key/value heads, not repeated."""
+        if "k" in self.kv_cache:
+            k = torch.cat([self.kv_cache["k"], k], dim=2)  # (b, ng, past+s, hd)
+            v = torch.cat([self.kv_cache["v"], v], dim=2)
+        self.kv_cache["k"], self.kv_cache["v"] = k, v
+        total = k.shape[2]
+        keep = torch.ones(s, total, dtype=torch.bool, device=q.device).tril(diagonal=total - s)
+        if attention_mask is not None:  # a padding query attends to itself, so that no row is empty
+            itself = torch.ones(s, total, dtype=torch.bool, device=q.device).tril(total - s).triu(total - s)
+            keep = (keep & ~attention_mask) | itself  # (b, 1, s, past+s)
+        if k.shape[1] != nh:
+            k, v = (t.repeat_interleave(nh // t.shape[1], dim=1) for t in (k, v))
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, scale=self.softmax_scale)
+        return out.permute(2, 0, 1, 3).reshape(s, b, nh * hd)
 
 
 def pre_norm_decoder_layer_spec() -> ModuleSpec:

@@ -235,6 +235,19 @@ class PretrainedModel(torch.nn.Module):
             out[name] = t
         return out
 
+    def generate(self, input_ids, attention_mask=None, max_new_tokens: int = 20, do_sample: bool = False,
+                 temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
+                 repetition_penalty: float = 1.0, eos_token_id=None, pad_token_id=None, streamer=None):
+        """Decoder models: continue ``input_ids`` (b, s) by up to ``max_new_tokens`` with a KV cache; returns
+        prompt + new ids as transformers' ``generate`` does (greedy unless ``do_sample``). ``streamer``: an
+        object with ``put(ids)`` / ``end()`` (transformers' TextStreamer works)."""
+        if self.head != "causal_lm":
+            raise TypeError(f"generate() needs a decoder model (zhnlp.AutoModelForCausalLM); this is a {self.head} model.")
+        from zhnlp.models.common.generation import generate
+
+        return generate(self, input_ids, attention_mask, max_new_tokens, do_sample, temperature, top_k, top_p,
+                        repetition_penalty, eos_token_id, pad_token_id, streamer)
+
     # ------------------------------------------------------------------ saving
     def save_pretrained(self, directory: str | os.PathLike, *, max_shard_size: int | str = "50GB",
                         push_to_hub: bool = False, safe_serialization: bool = True, **hub_kwargs) -> None:
