@@ -70,6 +70,12 @@ def main() -> int:
             model(**batch).loss.backward()
             grads = full_grads(model)
             diffs["grads"] = max((g - ref["grad." + k]).abs().max().item() for k, g in grads.items())
+            model.eval()
+            try:
+                generated = model.generate(batch["input_ids"][:, :6], max_new_tokens=6, eos_token_id=[])
+                diffs["generated_equal"] = bool(torch.equal(generated, ref["generated"]))
+            except NotImplementedError as e:  # under sequence parallelism: refused, by name
+                diffs["generated_equal"] = args.sp and "sequence parallelism" in str(e)
             diffs["grad_keys_missing"] = len({k[5:] for k in ref if k.startswith("grad.")} - set(grads))
         model.save_pretrained(case / f"saved-{tag}")
         (case / f"result-{tag}-rank{lay.rank}.json").write_text(json.dumps({"diffs": diffs}))

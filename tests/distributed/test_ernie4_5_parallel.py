@@ -1,6 +1,6 @@
-"""ERNIE 4.5 decoder parity with transformers at TP=2 (with and without sequence
-parallelism) and PP=2 (gloo, two processes): logits, loss, hidden
-states, gradients (TP) and the save -> transformers round trip. Kept small: two tiny 4-layer checkpoints, one
+"""ERNIE 4.5 decoder parity with transformers at TP=2 (with and without sequence parallelism) and PP=2 (gloo,
+two processes): logits, loss, hidden states, the save -> transformers round trip and, at TP=2, gradients and
+greedy generation (refused by name under sequence parallelism). Kept small: two tiny 4-layer checkpoints, one
 job per layout."""
 
 import json
@@ -27,6 +27,9 @@ def cases(tmp_path_factory):
         batch = inputs()
         with torch.no_grad():
             hidden = hf(**batch, output_hidden_states=True).hidden_states
+        prompt = batch["input_ids"][:, :6]
+        generated = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=6, do_sample=False,
+                                eos_token_id=None, pad_token_id=0)
         hf.train()
         ref = hf(**batch)
         ref.loss.backward()
@@ -34,6 +37,7 @@ def cases(tmp_path_factory):
         expected = {"logits": ref.logits.detach().contiguous(), "loss": ref.loss.detach().reshape(())}
         expected.update({f"grad.{n}": p.grad.contiguous() for n, p in hf.named_parameters()})
         expected.update({f"hidden.{i}": h.contiguous() for i, h in enumerate(hidden)})
+        expected["generated"] = generated.contiguous()
         save_file(expected, str(case / "reference.safetensors"))
     return root
 
@@ -50,6 +54,7 @@ def test_layout_matches_transformers(cases, tp, pp, sp):
             assert d["logits"] <= 2e-5 and d["loss"] <= 1e-5 and d["hidden"] <= 2e-5, (case.name, tag, rank, d)
             if pp == 1:
                 assert d["grads"] <= 1e-5 and d["grad_keys_missing"] == 0, (case.name, tag, rank, d)
+                assert d["generated_equal"], (case.name, tag, rank, "greedy generation differs")
         a = transformers.Ernie4_5ForCausalLM.from_pretrained(case / "hf").state_dict()
         b = transformers.Ernie4_5ForCausalLM.from_pretrained(case / f"saved-{tag}").state_dict()
         assert set(a) == set(b)

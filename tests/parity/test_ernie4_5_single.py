@@ -193,6 +193,9 @@ def test_greedy_generation_is_token_identical(tmp_path, name):
     assert torch.equal(model.generate(plain, max_new_tokens=8, eos_token_id=[], streamer=Streamer()), ref)
     assert torch.equal(seen[0], plain) and len(seen) == 10 and seen[-1] == "end"
     assert torch.equal(model.generate(plain, max_new_tokens=8, eos_token_id=[], do_sample=True, top_k=1), ref)
+    ref = hf.generate(plain, attention_mask=torch.ones_like(plain), max_new_tokens=8, do_sample=False,
+                      repetition_penalty=1.5, eos_token_id=None, pad_token_id=0)
+    assert torch.equal(model.generate(plain, max_new_tokens=8, eos_token_id=[], repetition_penalty=1.5), ref)
 
 
 def test_generate_is_for_decoders(tmp_path):

@@ -4,7 +4,7 @@ The cache lives in the core attention of each layer (:class:`~zhnlp.models.commo
 ``.kv_cache``): keys and values after RoPE, ``(b, ng/tp, t, hd)``, appended each step. The prompt runs once,
 then one token per step. Returns prompt + new ids ``(b, s + n)``; rows that produced ``eos_token_id`` are
 continued with ``pad_token_id``, and the loop stops when every row has. One pipeline stage only (PP > 1
-is refused for now); under TP every rank computes the same complete logits, so greedy decoding agrees
+is refused for now, and so is sequence parallelism); under TP every rank computes the same complete logits, so greedy decoding agrees
 everywhere (sampling draws from ``torch``'s generator: seed it the same on every rank).
 """
 
@@ -61,6 +61,9 @@ def generate(model, input_ids, attention_mask=None, max_new_tokens: int = 20, do
     if model.layout.pp > 1:
         raise NotImplementedError("generate() runs on one pipeline stage for now; load the model with pp=1 "
                                   "(tensor parallelism is fine).")
+    if model.transformer_config.sequence_parallel:
+        raise NotImplementedError("generate() does not run under sequence parallelism (a one-token step cannot be "
+                                  "split over the TP ranks); load the model without sequence_parallel=True.")
     if not isinstance(max_new_tokens, int) or isinstance(max_new_tokens, bool) or max_new_tokens < 0:
         raise ValueError(f"max_new_tokens must be an integer >= 0, got {max_new_tokens!r}.")
     if do_sample and not temperature > 0:
