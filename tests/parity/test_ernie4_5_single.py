@@ -204,3 +204,41 @@ def test_generate_is_for_decoders(tmp_path):
     encoder_model("bert", "mlm").save_pretrained(tmp_path / "bert")
     with pytest.raises(TypeError, match=r"generate\(\) needs a decoder model"):
         zhnlp.AutoModelForMaskedLM.from_pretrained(tmp_path / "bert").generate(torch.ones(1, 3, dtype=torch.long))
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_full_shapes_describe_the_built_model(name):
+    """bridge.full_shapes (checked against a checkpoint before any stage is built) equals the built model's."""
+    from zhnlp.models.common.pretrained import PretrainedModel
+    from zhnlp.models.ernie4_5 import FAMILY, Ernie4_5Config
+
+    arch = Ernie4_5Config.from_dict(dict(CONFIGS[name], model_type="ernie4_5"))
+    model = PretrainedModel(FAMILY, arch, "causal_lm", {"perform_initialization": False})
+    full = FAMILY.bridge.full_shapes(arch)
+    table = FAMILY.bridge.table(arch)
+    for gname, p in zip(engine.global_param_names(model.chunks[0]).values(), model.chunks[0].parameters()):
+        mapping, _ = table.find(gname)
+        assert tuple(p.shape) == full[mapping.megatron], gname
+
+
+def test_config_round_trip_and_checks():
+    from zhnlp.models.ernie4_5 import Ernie4_5Config
+
+    raw = dict(CONFIGS["untied_bias"], model_type="ernie4_5", use_cache=True, custom_key=[1, 2])
+    cfg = Ernie4_5Config.from_dict(raw)
+    assert (cfg.rope_theta, cfg.extra["custom_key"], cfg.padded_vocab_size) == (10000.0, [1, 2], 256)
+    again = cfg.to_dict(architecture="Ernie4_5ForCausalLM")
+    assert again["rope_parameters"] == {"rope_type": "default", "rope_theta": 10000.0} and again["use_cache"]
+    assert Ernie4_5Config.from_dict(again) == Ernie4_5Config.from_dict(raw | {"architectures": ["Ernie4_5ForCausalLM"]})
+    legacy = Ernie4_5Config.from_dict({k: v for k, v in raw.items() if k != "rope_parameters"} | {"rope_theta": 5e5})
+    assert legacy.rope_theta == 5e5
+    with pytest.raises(CheckpointError, match=r"num_attention_heads=4 is not a multiple of num_key_value_heads=3"):
+        Ernie4_5Config.from_dict(dict(raw, num_key_value_heads=3))
+    with pytest.raises(CheckpointError, match=r"rope_scaling has rope_type 'linear'"):
+        Ernie4_5Config.from_dict(dict(raw, rope_scaling={"type": "linear", "factor": 2.0}))
+    with pytest.raises(CheckpointError, match=r"hidden_size=0 is not a valid size"):
+        Ernie4_5Config.from_dict(dict(raw, hidden_size=0))
+    from zhnlp.errors import LayoutError
+
+    with pytest.raises(LayoutError, match=r"num_key_value_heads=2 is not divisible by tp=4"):
+        cfg.check_layout(4, 1)
