@@ -1,5 +1,6 @@
 """Run under torchrun: load each prepared ERNIE 4.5 checkpoint with zhnlp under the layout given on the command
-line, compare logits, loss and hidden states (and, without a pipeline, every gradient) with transformers' reference, save it back.
+line, compare logits, loss and hidden states (and, without a pipeline, every gradient and greedy generation)
+with transformers' reference, save it back.
 
 The parent test prepares ``CASES/<name>/{hf/, inputs.safetensors, reference.safetensors}``; each rank writes
 ``CASES/<name>/result-<layout>-rank<r>.json`` with the largest differences.

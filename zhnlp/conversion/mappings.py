@@ -224,4 +224,5 @@ class FuseGateUp(Mapping):
         rest = full.shape[1:]
         per_rank = full.reshape(tp, 2, full.shape[0] // (2 * tp), *rest)  # (tp, gate|up, ffn/tp, ...)
         gate, up = self.hf_keys(layer)
-        return {gate: per_rank[:, 0].reshape(-1, *rest).contiguous(), up: per_rank[:, 1].reshape(-1, *rest).contiguous()}
+        return {gate: per_rank[:, 0].reshape(-1, *rest).contiguous(),
+                up: per_rank[:, 1].reshape(-1, *rest).contiguous()}

@@ -4,8 +4,8 @@ The cache lives in the core attention of each layer (:class:`~zhnlp.models.commo
 ``.kv_cache``): keys and values after RoPE, ``(b, ng/tp, t, hd)``, appended each step. The prompt runs once,
 then one token per step. Returns prompt + new ids ``(b, s + n)``; rows that produced ``eos_token_id`` are
 continued with ``pad_token_id``, and the loop stops when every row has. One pipeline stage only (PP > 1
-is refused for now, and so is sequence parallelism); under TP every rank computes the same complete logits, so greedy decoding agrees
-everywhere (sampling draws from ``torch``'s generator: seed it the same on every rank).
+is refused for now, and so is sequence parallelism); under TP every rank computes the same complete logits,
+so greedy decoding agrees everywhere (sampling draws from ``torch``'s generator: seed it the same on every rank).
 """
 
 from __future__ import annotations

@@ -242,7 +242,8 @@ class PretrainedModel(torch.nn.Module):
         prompt + new ids as transformers' ``generate`` does (greedy unless ``do_sample``). ``streamer``: an
         object with ``put(ids)`` / ``end()`` (transformers' TextStreamer works)."""
         if self.head != "causal_lm":
-            raise TypeError(f"generate() needs a decoder model (zhnlp.AutoModelForCausalLM); this is a {self.head} model.")
+            raise TypeError("generate() needs a decoder model (zhnlp.AutoModelForCausalLM); "
+                            f"this is a {self.head} model.")
         from zhnlp.models.common.generation import generate
 
         return generate(self, input_ids, attention_mask, max_new_tokens, do_sample, temperature, top_k, top_p,

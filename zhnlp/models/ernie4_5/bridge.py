@@ -60,9 +60,10 @@ def table(arch: Ernie4_5Config) -> Table:
 def _expected(arch: Ernie4_5Config, tbl: Table):
     chosen = [m for m in tbl.mappings if not isinstance(m, Tied)
               and (arch.use_bias or not m.megatron.endswith("bias"))]
-    out = [(m, None) for m in chosen if "*" not in m.megatron and not m.megatron.startswith(("encoder.final", "output"))]
+    last = ("encoder.final", "output")  # checkpoint order: embeddings, layer by layer, final norm and output
+    out = [(m, None) for m in chosen if "*" not in m.megatron and not m.megatron.startswith(last)]
     out += [(m, layer) for layer in range(arch.num_hidden_layers) for m in chosen if "*" in m.megatron]
-    return out + [(m, None) for m in chosen if m.megatron.startswith(("encoder.final", "output"))]
+    return out + [(m, None) for m in chosen if m.megatron.startswith(last)]
 
 
 def expected_keys(arch: Ernie4_5Config, tbl: Table, head: str) -> dict[str, str | None]:
