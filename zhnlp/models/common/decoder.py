@@ -38,6 +38,19 @@ class RMSNorm(torch.nn.Module):
         return self.weight * x.to(dtype)
 
 
+class Fp32RopeSelfAttention(SelfAttention):
+    """megatron's SelfAttention with RoPE applied in float32, as transformers' decoders apply it: megatron's
+    unfused RoPE computes ``q * cos + rot(q) * sin`` in the activation dtype (bf16), transformers in float32
+    and casts the result back. Query and key leave here as float32 (the rotation follows in that dtype);
+    the core attention casts them back to the value's dtype. A no-op in float32."""
+
+    def get_query_key_value_tensors(self, *args, **kwargs):
+        out = super().get_query_key_value_tensors(*args, **kwargs)
+        if len(out) < 3 or out[0].dtype == torch.float32:  # unsplit QKV (fused kernels), or already fp32
+            return out
+        return (out[0].float(), out[1].float(), *out[2:])
+
+
 class CausalSDPAttention(MegatronModule):
     """Causal core attention through ``scaled_dot_product_attention``, with grouped-query heads.
 
@@ -55,6 +68,7 @@ class CausalSDPAttention(MegatronModule):
     def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
                 packed_seq_params=None):
         s, b, nh, hd = query.shape
+        query, key = query.to(value.dtype), key.to(value.dtype)  # rotated in float32 (Fp32RopeSelfAttention)
         q, k, v = (t.permute(1, 2, 0, 3) for t in (query, key, value))  # (b, heads, s, hd)
         if self.kv_cache is not None:  # generation: keys/values of earlier steps come first
             return self._cached(q, k, v, attention_mask, s, b, nh, hd)
@@ -101,7 +115,7 @@ def pre_norm_decoder_layer_spec() -> ModuleSpec:
         submodules=TransformerLayerSubmodules(
             input_layernorm=RMSNorm,
             self_attention=ModuleSpec(
-                module=SelfAttention,
+                module=Fp32RopeSelfAttention,
                 params={"attn_mask_type": AttnMaskType.causal},
                 submodules=SelfAttentionSubmodules(
                     linear_qkv=ColumnLinear,
