@@ -33,6 +33,7 @@ for _message in ("Transformer Engine and Apex are not installed", "tp_group is N
 _LAZY = {
     "AutoConfig": "zhnlp.configuration",
     "AutoModel": "zhnlp.auto",
+    "AutoModelForCausalLM": "zhnlp.auto",
     "AutoModelForMaskedLM": "zhnlp.auto",
     "AutoModelForQuestionAnswering": "zhnlp.auto",
     "AutoModelForSequenceClassification": "zhnlp.auto",
