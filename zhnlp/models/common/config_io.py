@@ -8,7 +8,27 @@ from pathlib import Path
 
 
 class ConfigFiles:
-    """Mixin of a family config dataclass that has ``to_dict()`` (the config.json transformers reads)."""
+    """Mixin of a family config dataclass that has ``to_dict()`` (the config.json transformers reads),
+    ``vocab_size``/``padded_vocab_size``, ``num_hidden_layers`` and the sizes named by ``TP_SPLIT``."""
+
+    TP_SPLIT: tuple[str, ...] = ("num_attention_heads", "intermediate_size")
+    _SHOWN = {"intermediate_size": "intermediate_size (FFN width)"}
+
+    def check_layout(self, tp: int, pp: int, vpp: int | None = None) -> None:
+        """Raise one clear LayoutError if this architecture cannot be split ``tp`` x ``pp`` ways."""
+        from zhnlp.errors import LayoutError
+
+        problems = [f"{self._SHOWN.get(name, name)}={getattr(self, name)} is not divisible by tp={tp}"
+                    for name in self.TP_SPLIT if getattr(self, name) % tp]
+        if self.padded_vocab_size % tp:
+            problems.append(f"the padded vocabulary ({self.vocab_size} -> {self.padded_vocab_size}) "
+                            f"is not divisible by tp={tp}")
+        stages = pp * (vpp or 1)
+        if self.num_hidden_layers % stages:
+            problems.append(f"num_hidden_layers={self.num_hidden_layers} is not divisible by pp*vpp={stages}")
+        if problems:
+            raise LayoutError("this model does not fit the parallel layout: " + "; ".join(problems)
+                              + ". Choose tp/pp/vpp that divide these sizes.")
 
     def to_json_string(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"

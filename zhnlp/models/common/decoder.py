@@ -14,10 +14,10 @@ from megatron.core.fusions.fused_bias_dropout import get_bias_dropout_add
 from megatron.core.transformer.attention import SelfAttention, SelfAttentionSubmodules
 from megatron.core.transformer.enums import AttnMaskType
 from megatron.core.transformer.mlp import MLP, MLPSubmodules
-from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
 
+from zhnlp.models.common.layers import CoreAttention
 from zhnlp.models.common.linear import ColumnLinear, RowLinear
 
 
@@ -51,19 +51,13 @@ class Fp32RopeSelfAttention(SelfAttention):
         return (out[0].float(), out[1].float(), *out[2:])
 
 
-class CausalSDPAttention(MegatronModule):
+class CausalSDPAttention(CoreAttention):
     """Causal core attention through ``scaled_dot_product_attention``, with grouped-query heads.
 
     Takes megatron's per-partition query ``[s, b, nh/tp, hd]``, key/value ``[s, b, ng/tp, hd]`` and an
     optional key-padding mask ``[b, 1, 1, s]`` (True = padding). Returns ``[s, b, nh/tp * hd]``. A query
     whose every key is masked (a left-padding position) attends to itself, so no row is NaN.
     """
-
-    def __init__(self, config, layer_number, attn_mask_type, attention_type="self", softmax_scale=None,
-                 cp_comm_type=None, pg_collection=None, attention_dropout=None):
-        super().__init__(config=config)
-        self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
-        self.softmax_scale = softmax_scale
 
     def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
                 packed_seq_params=None):

@@ -56,7 +56,18 @@ def row_starts(attention_mask) -> tuple[list[int], list[int]]:
     return starts, lengths
 
 
-class SDPAttention(MegatronModule):
+class CoreAttention(MegatronModule):
+    """What zhnlp's core attentions share: megatron's core-attention constructor (the arguments its
+    SelfAttention passes), keeping the dropout probability and the softmax scale."""
+
+    def __init__(self, config, layer_number, attn_mask_type, attention_type="self", softmax_scale=None,
+                 cp_comm_type=None, pg_collection=None, attention_dropout=None):
+        super().__init__(config=config)
+        self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
+        self.softmax_scale = softmax_scale
+
+
+class SDPAttention(CoreAttention):
     """Core attention through ``torch.nn.functional.scaled_dot_product_attention``.
 
     Takes megatron's per-partition query/key/value ``[s, b, heads/tp, head_dim]`` and an
@@ -66,12 +77,6 @@ class SDPAttention(MegatronModule):
     """
 
     first_query_only = False  # see PostLNTransformerLayer.keep_first_token_only
-
-    def __init__(self, config, layer_number, attn_mask_type, attention_type="self", softmax_scale=None,
-                 cp_comm_type=None, pg_collection=None, attention_dropout=None):
-        super().__init__(config=config)
-        self.dropout_p = config.attention_dropout if attention_dropout is None else attention_dropout
-        self.softmax_scale = softmax_scale
 
     def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
                 packed_seq_params=None):

@@ -40,3 +40,25 @@ def post_ln_encoder_layer_spec() -> ModuleSpec:
             post_mlp_layernorm=LayerNorm,
         ),
     )
+
+
+def run_layout_options(tp: int, pp: int, vpp: int | None, params_dtype) -> dict:
+    """The TransformerConfig fields every zhnlp family sets the same way: the parallel layout, the
+    parameter dtype, megatron's fused kernels off (they need CUDA/Apex/TE; the unfused paths are exact),
+    CPU initialisation (the same weights whatever the TP layout) and unbatched p2p (with vpp under gloo the
+    previous and next stage can be the same peer, and batched p2p swaps them)."""
+    return dict(
+        tensor_model_parallel_size=tp,
+        pipeline_model_parallel_size=pp,
+        virtual_pipeline_model_parallel_size=vpp,
+        params_dtype=params_dtype,
+        pipeline_dtype=params_dtype,
+        bias_activation_fusion=False,
+        bias_dropout_fusion=False,
+        masked_softmax_fusion=False,
+        persist_layer_norm=False,
+        gradient_accumulation_fusion=False,
+        use_cpu_initialization=True,
+        batch_p2p_comm=False,
+    )
+

@@ -22,7 +22,7 @@ from zhnlp.models.common.activations import ffn_activation
 from zhnlp.models.common.embeddings import EncoderEmbeddings
 from zhnlp.models.common.layers import real_token_index
 from zhnlp.models.common.linear import ColumnLinear
-from zhnlp.models.common.specs import post_ln_encoder_layer_spec
+from zhnlp.models.common.specs import post_ln_encoder_layer_spec, run_layout_options
 from zhnlp.models.ernie.config import ErnieConfig
 
 
@@ -51,19 +51,7 @@ def transformer_config(arch: ErnieConfig, *, tp: int = 1, pp: int = 1, vpp: int 
         init_method=init,
         output_layer_init_method=init,  # BERT initialises every linear alike (no depth scaling)
         init_method_std=arch.initializer_range,
-        tensor_model_parallel_size=tp,
-        pipeline_model_parallel_size=pp,
-        virtual_pipeline_model_parallel_size=vpp,
-        params_dtype=params_dtype,
-        pipeline_dtype=params_dtype,
-        bias_activation_fusion=False,
-        bias_dropout_fusion=False,
-        masked_softmax_fusion=False,
-        persist_layer_norm=False,
-        gradient_accumulation_fusion=False,
-        use_cpu_initialization=True,  # the same weights whatever the TP layout
-        # gloo: with vpp the previous and next stage can be the same peer, and batched p2p swaps them
-        batch_p2p_comm=False,
+        **run_layout_options(tp, pp, vpp, params_dtype),
     )
     options.update(run_options)
     return TransformerConfig(**options)

@@ -11,7 +11,7 @@ import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from zhnlp.errors import CheckpointError, LayoutError
+from zhnlp.errors import CheckpointError
 from zhnlp.models.common.config_io import ConfigFiles
 
 MODEL_TYPES = ("ernie4_5",)
@@ -129,20 +129,4 @@ class Ernie4_5Config(ConfigFiles):
             out["architectures"] = [architecture]
         return out
 
-    # ------------------------------------------------------------------ layout checks
-    def check_layout(self, tp: int, pp: int, vpp: int | None = None) -> None:
-        """Raise one clear LayoutError if this architecture cannot be split ``tp`` x ``pp`` ways."""
-        problems = []
-        if self.num_key_value_heads % tp:
-            problems.append(f"num_key_value_heads={self.num_key_value_heads} is not divisible by tp={tp}")
-        if self.intermediate_size % tp:
-            problems.append(f"intermediate_size (FFN width)={self.intermediate_size} is not divisible by tp={tp}")
-        if self.padded_vocab_size % tp:
-            problems.append(f"the padded vocabulary ({self.vocab_size} -> {self.padded_vocab_size}) "
-                            f"is not divisible by tp={tp}")
-        stages = pp * (vpp or 1)
-        if self.num_hidden_layers % stages:
-            problems.append(f"num_hidden_layers={self.num_hidden_layers} is not divisible by pp*vpp={stages}")
-        if problems:
-            raise LayoutError("this model does not fit the parallel layout: " + "; ".join(problems)
-                              + ". Choose tp/pp/vpp that divide these sizes.")
+    TP_SPLIT = ("num_key_value_heads", "intermediate_size")  # split by TP (ConfigFiles.check_layout)

@@ -29,6 +29,7 @@ from megatron.core.utils import init_method_normal
 from zhnlp.models.common import heads as H
 from zhnlp.models.common.decoder import RMSNorm, pre_norm_decoder_layer_spec
 from zhnlp.models.common.linear import ColumnLinear
+from zhnlp.models.common.specs import run_layout_options
 from zhnlp.models.ernie4_5.config import Ernie4_5Config
 
 HEADS = ("causal_lm",)
@@ -60,18 +61,7 @@ def transformer_config(arch: Ernie4_5Config, *, tp: int = 1, pp: int = 1, vpp: i
         init_method=init,
         output_layer_init_method=init,  # transformers initialises every linear alike
         init_method_std=arch.initializer_range,
-        tensor_model_parallel_size=tp,
-        pipeline_model_parallel_size=pp,
-        virtual_pipeline_model_parallel_size=vpp,
-        params_dtype=params_dtype,
-        pipeline_dtype=params_dtype,
-        bias_activation_fusion=False,
-        bias_dropout_fusion=False,
-        masked_softmax_fusion=False,
-        persist_layer_norm=False,
-        gradient_accumulation_fusion=False,
-        use_cpu_initialization=True,
-        batch_p2p_comm=False,
+        **run_layout_options(tp, pp, vpp, params_dtype),
     )
     options.update(run_options)
     return TransformerConfig(**options)
