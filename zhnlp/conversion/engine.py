@@ -159,14 +159,28 @@ class Table:
         raise KeyError(f"no mapping for megatron parameter {name!r}")
 
 
+EXPERTS = ".mlp.experts.local_experts."  # megatron's SequentialMLP: the experts this rank holds
+
+
+def is_expert(name: str) -> bool:
+    """Whether a parameter belongs to an MoE layer's routed experts (split by expert, then by the expert
+    tensor-parallel group instead of the tensor-parallel one)."""
+    return EXPERTS in name
+
+
 def global_param_names(chunk) -> dict[str, str]:
     """Local parameter name -> name with the *global* layer index (pipeline stages own a slice
-    of the layers and number them from 0 locally)."""
+    of the layers and number them from 0 locally) and, for routed experts, the global expert index
+    (expert-parallel ranks own a slice of the experts and number them from 0 locally)."""
     out = {}
     for name, _ in chunk.named_parameters():
         parts = name.split(".")
         if len(parts) > 2 and parts[0] == "encoder" and parts[1] == "layers":
-            parts[2] = str(chunk.encoder.layers[int(parts[2])].layer_number - 1)
+            layer = chunk.encoder.layers[int(parts[2])]
+            parts[2] = str(layer.layer_number - 1)
+            if is_expert(name):  # encoder.layers.L.mlp.experts.local_experts.J....
+                j = parts.index("local_experts") + 1
+                parts[j] = str(layer.mlp.local_expert_indices[int(parts[j])])
         out[name] = ".".join(parts)
     return out
 
@@ -263,14 +277,18 @@ def _short(keys: list[str], limit: int = 12) -> str:
     return "[" + ", ".join(keys[:limit]) + "]" + more
 
 
-def load_chunk(chunk, table: Table, reader: CheckpointReader, tp_rank: int, tp_size: int, fresh_keys: set[str]) -> list[str]:
-    """Copy this rank's slices into ``chunk``; returns the local parameters left freshly initialised."""
+def load_chunk(chunk, table: Table, reader: CheckpointReader, tp_rank: int, tp_size: int, fresh_keys: set[str],
+               expert_tp: tuple[int, int] = (0, 1)) -> list[str]:
+    """Copy this rank's slices into ``chunk``; returns the local parameters left freshly initialised.
+    ``expert_tp``: (rank, size) in the expert tensor-parallel group, which splits the routed experts."""
     names = global_param_names(chunk)
     params = dict(chunk.named_parameters())
     dims = split_dims(chunk)
     left_fresh = []
+    dense_tp = tp_rank, tp_size
     for local, gname in names.items():
         p = params[local]
+        tp_rank, tp_size = expert_tp if is_expert(local) else dense_tp
         mapping, layer = table.find(gname)
         keys = mapping.hf_keys(layer)
         if any(k in fresh_keys for k in keys):
@@ -305,20 +323,38 @@ def load_chunk(chunk, table: Table, reader: CheckpointReader, tp_rank: int, tp_s
     return left_fresh
 
 
-def gather_chunk(chunk, table: Table, tp_group, tp_size: int) -> dict[str, torch.Tensor]:
-    """Full transformers tensors of this chunk's parameters (collective over the TP group)."""
+def _all_gather(tensor, group, size: int) -> list[torch.Tensor]:
+    pieces = [torch.empty_like(tensor) for _ in range(size)]
+    dist.all_gather(pieces, tensor.contiguous(), group=group)
+    return pieces
+
+
+def gather_chunk(chunk, table: Table, tp_group, tp_size: int, experts=None) -> dict[str, torch.Tensor]:
+    """Full transformers tensors of this chunk's parameters (collective over the TP group).
+
+    ``experts``: ``(etp_group, etp_size, ep_group, ep_size)`` for a model with routed experts: their shards
+    are gathered over the expert tensor-parallel group, then every expert-parallel rank's experts are
+    collected (collective over the EP group: every rank of it must call)."""
     names = global_param_names(chunk)
     dims = split_dims(chunk)
     out = {}
     for local, p in chunk.named_parameters():
         full = p.detach()
         dim = dims[local]
-        if dim is not None and tp_size > 1:
-            pieces = [torch.empty_like(full) for _ in range(tp_size)]
-            dist.all_gather(pieces, full.contiguous(), group=tp_group)
-            full = torch.cat(pieces, dim=dim)
+        group, size = tp_group, tp_size
+        if is_expert(local):
+            group, size = experts[0], experts[1]
+        if dim is not None and size > 1:
+            full = torch.cat(_all_gather(full, group, size), dim=dim)
         mapping, layer = table.find(names[local])
         if isinstance(mapping, Tied):
+            continue
+        if is_expert(local) and experts[3] > 1:  # rank r holds experts r*n .. r*n+n-1, in the same order
+            local_index = int(local.split(".")[local.split(".").index("local_experts") + 1])
+            n = len(chunk.encoder.layers[int(local.split(".")[2])].mlp.local_expert_indices)
+            for r, piece in enumerate(_all_gather(full, experts[2], experts[3])):
+                out.update({k: v.contiguous().clone()
+                            for k, v in mapping.to_hf(piece, (layer[0], r * n + local_index)).items()})
             continue
         out.update({k: v.contiguous().clone() for k, v in mapping.to_hf(full, layer).items()})
     return out

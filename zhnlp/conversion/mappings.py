@@ -1,7 +1,8 @@
 """Mapping classes: how one megatron parameter relates to transformers checkpoint keys.
 
 A family's bridge is a list of these. Names may contain ``*`` for the (global, 0-based)
-layer index. The mappings know nothing about tensor or pipeline parallelism: they turn
+layer index, and a second ``*`` for the (global) expert index of a mixture-of-experts layer; the
+index passed around as ``layer`` is then the tuple ``(layer, expert)``. The mappings know nothing about tensor or pipeline parallelism: they turn
 *full* tensors into *full* tensors. The engine (:mod:`zhnlp.conversion.engine`) slices and
 gathers, inferring the split dimension from the attributes megatron's parallel layers put
 on their parameters (``tensor_model_parallel``, ``partition_dim``).
@@ -16,8 +17,12 @@ from dataclasses import dataclass
 import torch
 
 
-def _fill(pattern: str, layer: int | None) -> str:
-    return pattern if layer is None else pattern.replace("*", str(layer))
+def _fill(pattern: str, layer: int | tuple[int, ...] | None) -> str:
+    if layer is None:
+        return pattern
+    for index in (layer if isinstance(layer, tuple) else (layer,)):
+        pattern = pattern.replace("*", str(index), 1)
+    return pattern
 
 
 def _compile(pattern: str) -> re.Pattern:
@@ -38,7 +43,8 @@ class Mapping:
         m = self._re.match(name)
         if not m:
             return False, None
-        return True, (int(m.group(1)) if m.groups() else None)
+        groups = tuple(int(g) for g in m.groups())
+        return True, (None if not groups else groups[0] if len(groups) == 1 else groups)
 
     def hf_keys(self, layer: int | None) -> list[str]:
         """Checkpoint keys this mapping reads (and, unless tied, writes)."""
@@ -204,6 +210,7 @@ class FuseGateUp(Mapping):
     gate: str = ""
     up: str = ""
     head: str | None = None
+    expert: bool = False  # an MoE expert's fc1: split by the expert tensor-parallel size, not tp
 
     def hf_keys(self, layer):
         return [_fill(self.gate, layer), _fill(self.up, layer)]
@@ -220,9 +227,25 @@ class FuseGateUp(Mapping):
     def to_hf(self, full, layer):
         from zhnlp import distributed
 
-        tp = distributed.layout().tp
+        lay = distributed.layout()
+        tp = lay.etp if self.expert else lay.tp
         rest = full.shape[1:]
         per_rank = full.reshape(tp, 2, full.shape[0] // (2 * tp), *rest)  # (tp, gate|up, ffn/tp, ...)
         gate, up = self.hf_keys(layer)
         return {gate: per_rank[:, 0].reshape(-1, *rest).contiguous(),
                 up: per_rank[:, 1].reshape(-1, *rest).contiguous()}
+
+
+@dataclass
+class Unsqueeze(Rename):
+    """A 1-D parameter <-> a checkpoint tensor with a leading axis of 1 (``(n,)`` <-> ``(1, n)``), e.g.
+    ERNIE 4.5's expert-score correction bias, which transformers stores per expert *group*."""
+
+    def hf_shapes(self, layer, full):
+        return {_fill(self.hf, layer): (1, *full)}
+
+    def to_megatron(self, read, layer, rows, full_rows):
+        return read(_fill(self.hf, layer)).reshape(-1)
+
+    def to_hf(self, full, layer):
+        return {_fill(self.hf, layer): full.reshape(1, -1)}

@@ -148,7 +148,36 @@ def _patches() -> dict:
         (torch.cuda.nvtx, "range_push"): lambda *_a, **_k: None,
         (torch.cuda.nvtx, "range_pop"): lambda *_a, **_k: None,
         (torch.Tensor, "cuda"): _tensor_cuda,
+        # the MoE token dispatcher copies split sizes to the host on a side stream
+        (torch.cuda, "Stream"): _HostStream,
+        (torch.cuda, "current_stream"): lambda *_a, **_k: _HOST_STREAM,
+        (torch.cuda, "stream"): lambda *_a, **_k: contextlib.nullcontext(),
     }
+
+
+class _HostStream:
+    """Stands in for a CUDA stream on the CPU: work is already ordered, so waiting and syncing do nothing."""
+
+    def __init__(self, *args, **kwargs):
+        pass
+
+    def wait_stream(self, other) -> None:
+        pass
+
+    def wait_event(self, event) -> None:
+        pass
+
+    def synchronize(self) -> None:
+        pass
+
+    def record_event(self, event=None):
+        return self  # an "event" whose synchronize() returns at once
+
+    def query(self) -> bool:
+        return True
+
+
+_HOST_STREAM = _HostStream()
 
 
 def prepare() -> None:
@@ -185,6 +214,7 @@ def _prepare_megatron() -> None:
     def set_state(new_state, device=-1, graph_safe=False):
         torch.set_rng_state(new_state)
 
+    _prepare_moe()
     mrandom._get_cuda_rng_state = get_state
     mrandom._set_cuda_rng_state = set_state
     logging.getLogger(mrandom.__name__).addFilter(_DropTrackerWarning())
@@ -193,6 +223,26 @@ def _prepare_megatron() -> None:
     # Custom autograd Functions run their backward with the mode stack cleared; megatron's
     # communication ops and checkpoint replay allocate with CUDA devices there.
     torch.autograd.function.BackwardCFunction.apply = apply_in_mode
+
+
+def _prepare_moe() -> None:
+    """megatron's MoE code without TransformerEngine: ``te_general_gemm`` is referenced but undefined in
+    moe_utils (the router's gating GEMM then takes its torch path), and ``maybe_move_tensor_to_cpu`` turns
+    only CUDA tensors into the host lists/arrays the all-to-all split sizes must be (CPU tensors would stay
+    tensors)."""
+    import megatron.core.transformer.moe.moe_utils as moe_utils
+    import megatron.core.transformer.moe.token_dispatcher as dispatcher
+
+    if not hasattr(moe_utils, "te_general_gemm"):
+        moe_utils.te_general_gemm = None
+
+    def to_host(tensor, as_numpy: bool = False, record_stream: bool = False):
+        if torch.is_tensor(tensor) and as_numpy:
+            return tensor.cpu().numpy()
+        return tensor.cpu() if torch.is_tensor(tensor) else tensor
+
+    moe_utils.maybe_move_tensor_to_cpu = to_host
+    dispatcher.maybe_move_tensor_to_cpu = to_host
 
 
 @contextlib.contextmanager

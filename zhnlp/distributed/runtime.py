@@ -40,6 +40,9 @@ class Layout:
     pp_rank: int
     dp_rank: int
     backend: str
+    etp: int = 1  # expert tensor parallelism: each expert split this many ways (MoE)
+    ep_rank: int = 0
+    etp_rank: int = 0
 
     @property
     def is_first_stage(self) -> bool:
@@ -78,6 +81,7 @@ def init(
     vpp: int | None = None,
     ep: int = 1,
     *,
+    etp: int | None = None,
     seed: int = 1234,
     timeout_minutes: float = 10.0,
 ) -> Layout:
@@ -87,7 +91,11 @@ def init(
         tp: tensor-parallel degree (attention heads, FFN width and vocabulary are split by it).
         pp: pipeline-parallel degree (the layers are split into ``pp`` stages).
         vpp: virtual pipeline chunks per stage (interleaved schedule), or None.
-        ep: expert-parallel degree (for MoE models).
+        ep: expert-parallel degree (MoE models): the experts of each MoE layer are split into ``ep`` groups,
+            each held by other ranks; the other weights stay split by tp/pp as usual.
+        etp: expert tensor parallelism: each expert's MLP split this many ways (default: tp, as megatron).
+            ``tp * ep * pp`` may exceed the world size only with ``etp`` < tp (e.g. tp=2, ep=2, etp=1 on
+            2 processes: attention split by TP, experts by EP).
         seed: seeds torch and megatron's model-parallel RNG tracker on every rank.
         timeout_minutes: collective timeout, so a dead peer ends the job instead of hanging it.
 
@@ -98,7 +106,8 @@ def init(
         LayoutError: the layout does not fit the world size.
     """
     global _LAYOUT
-    for name, value in (("tp", tp), ("pp", pp), ("ep", ep)):
+    etp = tp if etp is None else etp
+    for name, value in (("tp", tp), ("pp", pp), ("ep", ep), ("etp", etp)):
         _positive(name, value)
     if vpp is not None:
         _positive("vpp", vpp)
@@ -115,8 +124,10 @@ def init(
             f"launch a multiple of {tp * pp} processes or change tp/pp."
         )
     dp = world // (tp * pp)
-    if (dp * tp) % ep != 0:
-        raise LayoutError(f"ep={ep} must divide dp*tp = {dp * tp}; change ep or the number of processes.")
+    if world % (etp * ep * pp) != 0:
+        raise LayoutError(f"world size {world} is not divisible by etp*ep*pp = {etp}*{ep}*{pp} = {etp * ep * pp} "
+                          f"(experts are split ep ways and each expert etp ways, etp defaulting to tp); launch a "
+                          f"multiple of {etp * ep * pp} processes, lower ep, or pass etp=1.")
 
     from megatron.core import parallel_state as ps
 
@@ -128,6 +139,7 @@ def init(
             pipeline_model_parallel_size=pp,
             virtual_pipeline_model_parallel_size=vpp,
             expert_model_parallel_size=ep,
+            expert_tensor_parallel_size=etp,
             distributed_timeout_minutes=max(1, int(timeout_minutes)),
         )
         set_seed(seed)
@@ -136,6 +148,9 @@ def init(
         pp=pp,
         vpp=vpp,
         ep=ep,
+        etp=etp,
+        ep_rank=ps.get_expert_model_parallel_rank(),
+        etp_rank=ps.get_expert_tensor_parallel_rank(),
         dp=dp,
         world_size=world,
         rank=dist.get_rank(),

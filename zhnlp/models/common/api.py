@@ -98,7 +98,7 @@ def resize_token_embeddings(model, new_num_tokens: int | None, pad_to_multiple_o
     new_table = model.family.bridge.table(arch)
     reader = engine.TensorReader(tensors)
     for chunk in rebuilt.chunks:
-        engine.load_chunk(chunk, new_table, reader, lay.tp_rank, lay.tp, set())
+        engine.load_chunk(chunk, new_table, reader, lay.tp_rank, lay.tp, set(), expert_tp=(lay.etp_rank, lay.etp))
     rebuilt.train(model.training)
     for setting in ("recompute_granularity", "recompute_method", "recompute_num_layers"):
         setattr(rebuilt.transformer_config, setting, getattr(model.transformer_config, setting))

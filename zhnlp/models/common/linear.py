@@ -11,6 +11,9 @@ the bias fused (``addmm``) wherever the bias may be added before the communicati
   returns ``(output, None)`` even with ``skip_bias_add`` (callers add a None bias as nothing);
 * row-parallel: the partial outputs are summed across ranks first, so the bias is fused only
   when tensor parallelism is off; otherwise it is added (or handed back) after the reduction.
+
+MoE experts (``is_expert``) under expert or tensor parallelism communicate nothing here: megatron marks
+them ``explicit_expert_comm`` because the token dispatcher moves their inputs and outputs.
 """
 
 from __future__ import annotations
@@ -25,6 +28,8 @@ class ColumnLinear(ColumnParallelLinear):
 
     def forward(self, input_, weight=None, runtime_gather_output=None):
         weight = self.weight if weight is None else weight
+        if self.explicit_expert_comm:  # the MoE token dispatcher gathers and scatters
+            return F.linear(input_, weight, self.bias), None
         tp = self.tp_group.size() if self.tp_group is not None else 1
         if self.sequence_parallel:
             input_ = M.gather_from_sequence_parallel_region(input_, group=self.tp_group)  # (s, b, h)
@@ -42,7 +47,7 @@ class RowLinear(RowParallelLinear):
 
     def forward(self, input_):
         tp = self.tp_group.size() if self.tp_group is not None else 1
-        if tp == 1:
+        if tp == 1 or self.explicit_expert_comm:  # experts (no biases): the MoE token dispatcher reduces
             return F.linear(input_, self.weight, self.bias), None
         output = F.linear(input_, self.weight)  # partial sums (s, b, out)
         if self.sequence_parallel:

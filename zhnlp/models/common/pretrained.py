@@ -45,8 +45,9 @@ class PretrainedModel(torch.nn.Module):
         self.layout = distributed.layout()
         lay = self.layout
         self.run_options = dict(run_options or {})
-        self.transformer_config = family.transformer_config(arch, tp=lay.tp, pp=lay.pp, vpp=lay.vpp,
-                                                            **self.run_options)
+        self.transformer_config = family.transformer_config(
+            arch, tp=lay.tp, pp=lay.pp, vpp=lay.vpp, expert_model_parallel_size=lay.ep,
+            expert_tensor_parallel_size=lay.etp, **self.run_options)
         chunks = []
         for vp in range(lay.vpp or 1):
             vp_stage = vp if lay.vpp else None
@@ -99,7 +100,7 @@ class PretrainedModel(torch.nn.Module):
                                f"{k}: checkpoint {tuple(reader.shape(k))}, model {tuple(expected_shapes[k][0])}"
                                for k in mismatched))
         for chunk in model.chunks:
-            left = engine.load_chunk(chunk, table, reader, lay.tp_rank, lay.tp, fresh)
+            left = engine.load_chunk(chunk, table, reader, lay.tp_rank, lay.tp, fresh, expert_tp=(lay.etp_rank, lay.etp))
             model._init_parameters(chunk, set(left), seed)
         model.fresh_weights = sorted(fresh)
         if report.fresh and lay.rank == 0:

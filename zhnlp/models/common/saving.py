@@ -47,12 +47,14 @@ def save(model, directory: Path, max_shard_size: int | str = "50GB") -> None:
     writer = lay.dp_rank == 0 and lay.tp_rank == 0  # one writer per pipeline stage
     groups: list[list[str]] = []
     tensors: dict[str, torch.Tensor] = {}
-    if lay.dp_rank == 0:
+    if lay.dp_rank == 0 or lay.ep > 1:  # expert-parallel peers of a writer sit at other DP ranks: all gather
         from megatron.core import parallel_state as ps
 
+        experts = (ps.get_expert_tensor_parallel_group(), lay.etp, ps.get_expert_model_parallel_group(), lay.ep)
         for chunk in model.chunks:
-            gathered = engine.gather_chunk(chunk, table, ps.get_tensor_model_parallel_group(), lay.tp)
-            tensors.update({rename(k): v for k, v in gathered.items()})
+            gathered = engine.gather_chunk(chunk, table, ps.get_tensor_model_parallel_group(), lay.tp, experts)
+            if writer:
+                tensors.update({rename(k): v for k, v in gathered.items()})
         if writer:
             split = split_torch_state_dict_into_shards(tensors, max_shard_size=max_shard_size)
             groups = [sorted(keys) for _, keys in sorted(split.filename_to_tensors.items())]

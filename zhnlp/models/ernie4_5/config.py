@@ -1,4 +1,5 @@
-"""Architecture of the dense ERNIE 4.5 decoder (transformers' ``Ernie4_5Config``, model_type ``ernie4_5``).
+"""Architecture of the ERNIE 4.5 decoders: dense (transformers' ``Ernie4_5Config``, model_type ``ernie4_5``)
+and mixture-of-experts (``Ernie4_5_MoeConfig``, model_type ``ernie4_5_moe``: :class:`Ernie4_5MoeConfig`).
 
 Architecture only, read from and written to transformers' ``config.json``; the run layout meets it in
 :func:`zhnlp.models.ernie4_5.model.transformer_config`.
@@ -10,11 +11,12 @@ import dataclasses
 import numbers
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import ClassVar
 
 from zhnlp.errors import CheckpointError
 from zhnlp.models.common.config_io import ConfigFiles
 
-MODEL_TYPES = ("ernie4_5",)
+MODEL_TYPES = ("ernie4_5", "ernie4_5_moe")
 VOCAB_PAD_MULTIPLE = 128  # as for the encoders: checkpoint shapes never depend on the layout
 _SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
           "head_dim", "intermediate_size", "max_position_embeddings")
@@ -23,8 +25,11 @@ _FIX = "Fix config.json or use the one that came with the checkpoint."
 
 @dataclass
 class Ernie4_5Config(ConfigFiles):
-    """transformers' Ernie4_5Config fields that define the network."""
+    """transformers' Ernie4_5Config fields that define the network.
 
+    ``from_dict`` returns an :class:`Ernie4_5MoeConfig` for model_type ``ernie4_5_moe``."""
+
+    KIND: ClassVar[str] = "ernie4_5"
     model_type: str = "ernie4_5"
     vocab_size: int = 103424
     hidden_size: int = 1024
@@ -47,8 +52,10 @@ class Ernie4_5Config(ConfigFiles):
     extra: dict = field(default_factory=dict, repr=False)
 
     def __post_init__(self):
-        if self.model_type not in MODEL_TYPES:
-            raise CheckpointError(f"model_type {self.model_type!r} is not the dense ERNIE 4.5 decoder {MODEL_TYPES}.")
+        if self.model_type != self.KIND:
+            raise CheckpointError(f"model_type {self.model_type!r} is not {self.KIND!r}: use "
+                                  f"{type(self).__name__} for {self.KIND!r} only (Ernie4_5Config.from_dict picks "
+                                  "the class from model_type).")
         if self.num_key_value_heads is None:
             self.num_key_value_heads = self.num_attention_heads
         if self.head_dim is None:
@@ -78,6 +85,11 @@ class Ernie4_5Config(ConfigFiles):
         return None
 
     problem_type = None
+    is_moe = False
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether global layer ``layer`` (0-based) has a mixture-of-experts MLP (never for the dense model)."""
+        return False
 
     # ------------------------------------------------------------------ transformers' config.json
     @classmethod
@@ -91,6 +103,8 @@ class Ernie4_5Config(ConfigFiles):
             raise CheckpointError(f"{where} must be a JSON object of model settings, got {type(data).__name__}; "
                                   "re-save the checkpoint or restore its config.json.")
         data = {**data, **overrides}
+        if cls is Ernie4_5Config and data.get("model_type") == Ernie4_5MoeConfig.KIND:
+            cls = Ernie4_5MoeConfig
         rope = data.pop("rope_parameters", None) or {}
         scaling = data.pop("rope_scaling", None) or {}
         for what, params in (("rope_parameters", rope), ("rope_scaling", scaling)):
@@ -130,3 +144,91 @@ class Ernie4_5Config(ConfigFiles):
         return out
 
     TP_SPLIT = ("num_key_value_heads", "intermediate_size")  # split by TP (ConfigFiles.check_layout)
+
+
+_MOE_SIZES = ("moe_intermediate_size", "moe_k", "moe_num_experts", "moe_layer_interval")
+
+
+@dataclass
+class Ernie4_5MoeConfig(Ernie4_5Config):
+    """transformers' Ernie4_5_MoeConfig: the dense fields plus the mixture of experts.
+
+    Layer ``i`` (0-based) has an MoE MLP when ``(i + 1) % moe_layer_interval == 0`` and
+    ``moe_layer_start_index <= i <= moe_layer_end_index``; the others a dense SwiGLU MLP of
+    ``intermediate_size``. ``moe_layer_end_index = -1`` means the last layer (transformers writes it resolved)."""
+
+    KIND: ClassVar[str] = "ernie4_5_moe"
+    model_type: str = "ernie4_5_moe"
+    hidden_size: int = 2560
+    intermediate_size: int = 12288
+    num_hidden_layers: int = 28
+    num_attention_heads: int = 20
+    num_key_value_heads: int | None = 4
+    head_dim: int | None = None
+    moe_intermediate_size: int = 1536
+    moe_k: int = 6
+    moe_num_experts: int = 64
+    moe_num_shared_experts: int = 2
+    moe_layer_start_index: int = 1
+    moe_layer_end_index: int = -1
+    moe_layer_interval: int = 1
+    moe_norm_min: float = 1e-12
+    router_aux_loss_coef: float = 0.001
+    output_router_logits: bool = False
+
+    is_moe = True
+
+    def __post_init__(self):
+        super().__post_init__()
+        for name in _MOE_SIZES:
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+                raise CheckpointError(f"{name}={value!r} is not valid; it must be an integer >= 1. {_FIX}")
+        for name in ("moe_num_shared_experts", "moe_layer_start_index"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 0:
+                raise CheckpointError(f"{name}={value!r} is not valid; it must be an integer >= 0. {_FIX}")
+        if self.moe_layer_end_index == -1:
+            self.moe_layer_end_index = self.num_hidden_layers - 1
+        if not isinstance(self.moe_layer_end_index, numbers.Integral) or self.moe_layer_end_index < 0:
+            raise CheckpointError(f"moe_layer_end_index={self.moe_layer_end_index!r} is not valid; it must be a layer "
+                                  f"index (0-based) or -1 for the last layer. {_FIX}")
+        if self.moe_k > self.moe_num_experts:
+            raise CheckpointError(f"moe_k={self.moe_k} chooses more experts than there are "
+                                  f"(moe_num_experts={self.moe_num_experts}). {_FIX}")
+        for name in ("moe_norm_min", "router_aux_loss_coef"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, numbers.Real) or value < 0:
+                raise CheckpointError(f"{name}={value!r} is not valid; it must be a number >= 0. {_FIX}")
+
+    def is_moe_layer(self, layer: int) -> bool:
+        return ((layer + 1) % self.moe_layer_interval == 0
+                and self.moe_layer_start_index <= layer <= self.moe_layer_end_index)
+
+    @property
+    def moe_layers(self) -> list[int]:
+        return [i for i in range(self.num_hidden_layers) if self.is_moe_layer(i)]
+
+    @property
+    def shared_expert_size(self) -> int:
+        """Width of the shared experts' MLP (0: none)."""
+        return self.moe_intermediate_size * self.moe_num_shared_experts
+
+    TP_SPLIT = ("num_key_value_heads", "intermediate_size")
+
+    def check_experts(self, ep: int, etp: int, tp: int) -> None:
+        """Raise one LayoutError when the experts cannot be split ``ep`` ways (and each ``etp`` ways)."""
+        from zhnlp.errors import LayoutError
+
+        problems = []
+        if self.moe_num_experts % ep:
+            problems.append(f"moe_num_experts={self.moe_num_experts} is not divisible by ep={ep}")
+        if self.moe_intermediate_size % etp:
+            problems.append(f"moe_intermediate_size={self.moe_intermediate_size} is not divisible by the expert "
+                            f"tensor-parallel size etp={etp}")
+        if self.shared_expert_size % tp:
+            problems.append(f"the shared experts' width moe_intermediate_size*moe_num_shared_experts="
+                            f"{self.shared_expert_size} is not divisible by tp={tp}")
+        if problems:
+            raise LayoutError("this model does not fit the parallel layout: " + "; ".join(problems)
+                              + ". Choose ep/etp/tp that divide these sizes.")

@@ -23,12 +23,14 @@ from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEm
 from megatron.core.models.common.language_module.language_module import LanguageModule
 from megatron.core.transformer.transformer_block import (TransformerBlock, TransformerBlockSubmodules,
                                                          get_num_layers_to_build)
+from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import init_method_normal
 
 from zhnlp.models.common import heads as H
 from zhnlp.models.common.decoder import RMSNorm, pre_norm_decoder_layer_spec
 from zhnlp.models.common.linear import ColumnLinear
+from zhnlp.models.common.moe import moe_mlp_spec
 from zhnlp.models.common.specs import run_layout_options
 from zhnlp.models.ernie4_5.config import Ernie4_5Config
 
@@ -63,8 +65,46 @@ def transformer_config(arch: Ernie4_5Config, *, tp: int = 1, pp: int = 1, vpp: i
         init_method_std=arch.initializer_range,
         **run_layout_options(tp, pp, vpp, params_dtype),
     )
+    if arch.is_moe:
+        ep = run_options.get("expert_model_parallel_size", 1)
+        etp = run_options.get("expert_tensor_parallel_size") or tp
+        arch.check_experts(ep, etp, tp)
+        options.update(moe_options(arch))
     options.update(run_options)
-    return TransformerConfig(**options)
+    config = TransformerConfig(**options)
+    if arch.is_moe:  # read by zhnlp.models.common.moe (megatron has no fields for them)
+        config.moe_router_norm_min = arch.moe_norm_min
+        config.zhnlp_shared_expert_size = arch.shared_expert_size
+    return config
+
+
+def moe_options(arch) -> dict:
+    """megatron's MoE fields for ERNIE 4.5's mixture of experts. The routing itself (fp32 softmax, correction
+    bias for the choice only, renormalised top-k) is zhnlp.models.common.moe's router; the shared experts
+    are built there too (megatron's refuse biases), so megatron's shared-expert size stays unset. No auxiliary
+    loss by default: the trainer sets ``moe_aux_loss_coeff`` from the run; the model's forward computes
+    transformers' load-balancing loss itself when asked (``output_router_logits``)."""
+    return dict(
+        num_moe_experts=arch.moe_num_experts,
+        moe_router_topk=arch.moe_k,
+        moe_ffn_hidden_size=arch.moe_intermediate_size,
+        moe_router_score_function="softmax",
+        moe_router_pre_softmax=True,
+        moe_router_dtype="fp32",
+        moe_router_load_balancing_type="aux_loss",
+        moe_aux_loss_coeff=0.0,
+        moe_token_dispatcher_type="alltoall",
+        moe_grouped_gemm=False,
+        moe_permute_fusion=False,
+    )
+
+
+def layer_spec(arch: Ernie4_5Config, layer: int):
+    """The spec of global layer ``layer``: a dense SwiGLU MLP, or ERNIE's mixture of experts."""
+    spec = pre_norm_decoder_layer_spec()
+    if arch.is_moe_layer(layer):
+        spec.submodules.mlp = moe_mlp_spec()
+    return spec
 
 
 def shift_labels(labels):
@@ -92,12 +132,15 @@ class Ernie4_5Model(LanguageModule):
         self.rotary_pos_emb = RotaryEmbedding(arch.head_dim, 1.0, rotary_interleaved=True,
                                               rotary_base=arch.rope_theta, use_cpu_initialization=True)
         layers = get_num_layers_to_build(config, vp_stage=vp_stage)
-        spec = TransformerBlockSubmodules(layer_specs=[pre_norm_decoder_layer_spec()] * layers, layer_norm=RMSNorm)
+        first = get_transformer_layer_offset(config, vp_stage=vp_stage)  # global index of this chunk's first layer
+        spec = TransformerBlockSubmodules(layer_specs=[layer_spec(arch, first + i) for i in range(layers)],
+                                          layer_norm=RMSNorm)
         self.encoder = TransformerBlock(config, spec, post_layer_norm=True, pre_process=pre_process,
                                         post_process=post_process, vp_stage=vp_stage)
         if post_process:
             self.output_layer = ColumnLinear(
-                h, arch.padded_vocab_size, config=config, init_method=config.init_method, bias=False,
+                h, arch.padded_vocab_size, config=config, init_method=config.init_method,
+                bias=arch.is_moe and arch.use_bias,  # transformers' MoE lm_head follows use_bias, the dense one has none
                 gather_output=False, skip_bias_add=False,
                 skip_weight_param_allocation=pre_process and self.share_embeddings_and_output_weights)
         if self.share_embeddings_and_output_weights:
