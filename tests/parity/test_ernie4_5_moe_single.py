@@ -1,0 +1,111 @@
+"""The ERNIE 4.5 mixture-of-experts decoder against transformers' Ernie4_5_MoeForCausalLM in one process: logits,
+loss and gradients on a right-padded batch, greedy generation, the HF -> zhnlp -> HF round trip, that the
+correction bias really changes the choice of experts (and only the choice), and the layout errors."""
+
+import json
+
+import pytest
+import torch
+
+import zhnlp
+from tests.tiny_decoder import MOE_CONFIGS, hf_moe_grads, hf_moe_model, inputs
+from zhnlp.auto import AutoModelForCausalLM
+from zhnlp.conversion import engine
+from zhnlp.errors import LayoutError
+
+
+@pytest.fixture(scope="module", autouse=True)
+def world_of_one():
+    zhnlp.distributed.init()
+    yield
+
+
+def _pair(tmp_path, name, seed=0, **extra):
+    hf = hf_moe_model(name, seed=seed, **extra)
+    hf.save_pretrained(tmp_path / "hf")
+    return hf, AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
+
+
+@pytest.mark.parametrize("name", list(MOE_CONFIGS))
+def test_logits_loss_generation_match_transformers(tmp_path, name):
+    hf, model = _pair(tmp_path, name)
+    assert model.config.model_type == "ernie4_5_moe"
+    assert model.config.moe_layers == ([1, 2, 3] if name == "moe_shared" else [1, 3])
+    batch = inputs()
+    with torch.no_grad():
+        ref, out = hf(**batch), model(**batch)
+    real = batch["attention_mask"].bool()
+    torch.testing.assert_close(out.logits[real], ref.logits[real], rtol=0, atol=2e-5)
+    torch.testing.assert_close(out.loss, ref.loss, rtol=0, atol=1e-5)
+    prompt = batch["input_ids"][:, :5]
+    expected = hf.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=8, do_sample=False,
+                           eos_token_id=None, pad_token_id=0)
+    assert torch.equal(model.generate(prompt, max_new_tokens=8, eos_token_id=[]), expected)
+
+
+@pytest.mark.parametrize("name", list(MOE_CONFIGS))
+def test_gradients_match_transformers(tmp_path, name):
+    hf, model = _pair(tmp_path, name)
+    hf.train()
+    model.train()
+    batch = inputs(seed=1)
+    hf(**batch).loss.backward()
+    model(**batch).loss.backward()
+    ref = hf_moe_grads(hf)
+    table = model.family.bridge.table(model.config)
+    names = engine.global_param_names(model.chunks[0])
+    checked = set()
+    for local, p in model.chunks[0].named_parameters():
+        if not p.requires_grad:  # the correction bias is not trained (transformers: requires_grad=False)
+            assert local.endswith("e_score_correction_bias") and p.grad is None
+            continue
+        mapping, layer = table.find(names[local])
+        for key, grad in mapping.to_hf(p.grad, layer).items():
+            torch.testing.assert_close(grad, ref[key], rtol=1e-4, atol=1e-6, msg=key)
+            checked.add(key)
+    assert checked == set(ref) - ({"lm_head.weight"} if hf.config.tie_word_embeddings else set())
+
+
+@pytest.mark.parametrize("name", list(MOE_CONFIGS))
+def test_round_trip_is_bit_exact(tmp_path, name):
+    hf, model = _pair(tmp_path, name, seed=1)
+    model.save_pretrained(tmp_path / "zh")
+    back = type(hf).from_pretrained(tmp_path / "zh").eval()
+    a, b = hf.state_dict(), back.state_dict()
+    assert set(a) == set(b)
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    saved = json.loads((tmp_path / "zh" / "config.json").read_text())
+    assert saved["architectures"] == ["Ernie4_5_MoeForCausalLM"] and saved["model_type"] == "ernie4_5_moe"
+    for key in ("moe_num_experts", "moe_k", "moe_intermediate_size", "moe_num_shared_experts", "moe_layer_interval",
+                "moe_layer_start_index", "use_bias", "tie_word_embeddings"):
+        assert saved[key] == getattr(hf.config, key), key
+
+
+def test_correction_bias_changes_the_choice_not_the_weights(tmp_path):
+    """With the correction bias zeroed the outputs change (it decides which experts run); with a bias that is
+    the same for every expert nothing changes (it never enters the weights, which are renormalised)."""
+    hf, model = _pair(tmp_path, "moe_shared")
+    batch = inputs()
+    real = batch["attention_mask"].bool()
+    with torch.no_grad():
+        base = model(**batch).logits
+        routers = [m for m in model.chunks[0].modules() if hasattr(m, "e_score_correction_bias")]
+        assert len(routers) == 3
+        saved = [r.e_score_correction_bias.clone() for r in routers]
+        for r in routers:
+            r.e_score_correction_bias.zero_()
+        assert (model(**batch).logits[real] - base[real]).abs().max() > 1e-4
+        for r, s in zip(routers, saved):
+            r.e_score_correction_bias.copy_(s + 0.5)
+        torch.testing.assert_close(model(**batch).logits[real], base[real], rtol=0, atol=1e-6)
+
+
+def test_moe_layout_errors_name_the_sizes(tmp_path):
+    hf_moe_model("moe_shared").save_pretrained(tmp_path / "hf")
+    arch = zhnlp.AutoConfig.from_pretrained(tmp_path / "hf")
+    with pytest.raises(LayoutError, match=r"moe_num_experts=4 is not divisible by ep=3"):
+        arch.check_experts(3, 1, 1)
+    with pytest.raises(LayoutError, match=r"moe_intermediate_size=12 is not divisible by the expert tensor-parallel "
+                                          r"size etp=5"):
+        arch.check_experts(1, 5, 1)
