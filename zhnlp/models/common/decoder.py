@@ -55,8 +55,10 @@ class CausalSDPAttention(CoreAttention):
     """Causal core attention through ``scaled_dot_product_attention``, with grouped-query heads.
 
     Takes megatron's per-partition query ``[s, b, nh/tp, hd]``, key/value ``[s, b, ng/tp, hd]`` and an
-    optional key-padding mask ``[b, 1, 1, s]`` (True = padding). Returns ``[s, b, nh/tp * hd]``. A query
-    whose every key is masked (a left-padding position) attends to itself, so no row is NaN.
+    optional mask (True = hidden), applied on top of the causal one: key padding ``[b, 1, 1, s]``, or per
+    query ``[b, 1, s, s]`` (documents packed into one row that must not see each other: the model builds it
+    from ``document_ids``). Returns ``[s, b, nh/tp * hd]``. A query whose every key is masked (a
+    left-padding position) attends to itself, so no row is NaN.
     """
 
     def forward(self, query, key, value, attention_mask, attn_mask_type=None, attention_bias=None,
@@ -74,7 +76,7 @@ class CausalSDPAttention(CoreAttention):
             out = F.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=dropout_p, scale=self.softmax_scale)
         else:
             causal = torch.ones(s, s, dtype=torch.bool, device=q.device).tril()
-            keep = causal & ~attention_mask  # (b, 1, s, s), True = attend
+            keep = causal & ~attention_mask  # (b, 1, s, s), True = attend (the mask: (b, 1, 1 or s, s))
             keep = keep | torch.eye(s, dtype=torch.bool, device=q.device)
             out = F.scaled_dot_product_attention(q, k, v, attn_mask=keep, dropout_p=dropout_p,
                                                  scale=self.softmax_scale)

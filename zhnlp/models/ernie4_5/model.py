@@ -183,18 +183,24 @@ class Ernie4_5Model(LanguageModule):
 
     # -- forward -------------------------------------------------------------------------------
     def forward(self, input_ids, attention_mask=None, position_ids=None, labels=None, gather_logits: bool = True,
-                token_type_ids=None, task_type_ids=None):
+                token_type_ids=None, task_type_ids=None, document_ids=None):
         """Embed (first stage), run this stage's layers, project to the vocabulary (last stage).
 
-        Inputs are batch-first ``(b, s)``; ``attention_mask`` 1 = real token. Returns the hidden states
-        ``(s, b, h)`` on stages without the head, else ``{"logits": (b, s, V)}`` (and ``loss``)."""
+        Inputs are batch-first ``(b, s)``; ``attention_mask`` 1 = real token. ``document_ids`` (packed
+        pretraining with reset attention, :mod:`zhnlp.data.causal_lm`): the document number of every token;
+        a token then attends only to earlier tokens of its own document (pass per-document ``position_ids``
+        with it). Returns the hidden states ``(s, b, h)`` on stages without the head, else
+        ``{"logits": (b, s, V)}`` (and ``loss``)."""
         if token_type_ids is not None or task_type_ids is not None:
             raise TypeError("ERNIE 4.5 has no token_type_ids/task_type_ids; call model(input_ids, "
                             "attention_mask=..., position_ids=..., labels=...) with keywords.")
         b, s = input_ids.shape
-        mask = None  # (b, 1, 1, s), True = padding key
+        mask = None  # (b, 1, 1, s) True = padding key, or (b, 1, s, s) True = key hidden from the query
         if attention_mask is not None and not bool(attention_mask.all()):
             mask = (attention_mask == 0)[:, None, None, :]
+        if document_ids is not None and bool((document_ids != document_ids[:, :1]).any()):
+            other = document_ids[:, None, :, None] != document_ids[:, None, None, :]  # (b, 1, s, s)
+            mask = other if mask is None else other | mask
         if position_ids is None:
             position_ids = torch.arange(s, device=input_ids.device).expand(b, s)
         hidden = self.embedding(input_ids) if self.pre_process else None
