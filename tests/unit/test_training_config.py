@@ -1,6 +1,7 @@
 """Run configuration: recipes, overrides, and layouts that fail before any work."""
 
 import pytest
+import torch
 
 from zhnlp.errors import LayoutError
 from zhnlp.training import RECIPES, override, recipe
@@ -38,3 +39,53 @@ def test_layouts_that_cannot_work_fail_first(changes, world, message):
     cfg = override(recipe("ernie-debug"), **changes)
     with pytest.raises(LayoutError, match=message):
         cfg.check(world_size=world)
+
+
+def test_the_family_and_head_follow_the_model_type():
+    from zhnlp.models import ernie, ernie4_5
+
+    assert (recipe("ernie-debug").family, recipe("ernie-debug").head) == (ernie.FAMILY, "mlm")
+    for name in ("ernie4.5-debug", "ernie4.5-tiny", "ernie4.5-0.3b"):
+        assert (recipe(name).family, recipe(name).head) == (ernie4_5.FAMILY, "causal_lm"), name
+    arch = recipe("ernie4.5-0.3b").architecture()
+    assert (arch.hidden_size, arch.num_hidden_layers, arch.num_attention_heads, arch.num_key_value_heads,
+            arch.head_dim, arch.intermediate_size, arch.vocab_size, arch.rope_theta, arch.tie_word_embeddings) == \
+        (1024, 18, 16, 2, 128, 3072, 103424, 500000.0, True)
+    cfg = recipe("ernie4.5-debug")
+    cfg.model["model_type"] = "gpt2"
+    with pytest.raises(LayoutError, match=r"recipe 'ernie4.5-debug': model: model_type 'gpt2' is not supported"):
+        cfg.check(world_size=1)
+
+
+@pytest.mark.parametrize("changes,world,message", [
+    (dict(tp=4), 4, "num_key_value_heads=2 is not divisible by tp=4"),
+    (dict(pp=3), 3, r"num_hidden_layers=4 is not divisible by pp\*vpp=3"),
+    (dict(ep=2), 2, "ep=2 needs a mixture-of-experts model; 'ernie4_5' has no experts"),
+    (dict(moe_aux_loss_coeff=0.01), 1, r"the moe settings \(moe_aux_loss_coeff, moe_expert_capacity_factor\) need "
+                                       "a mixture-of-experts model"),
+])
+def test_decoder_layouts_that_cannot_work_fail_first(changes, world, message):
+    cfg = override(recipe("ernie4.5-debug"), **changes)
+    with pytest.raises(LayoutError, match=message):
+        cfg.check(world_size=world)
+
+
+def test_causal_lm_settings_are_refused_for_masked_lm():
+    with pytest.raises(LayoutError, match="reset_attention and eod_mask_loss are causal-LM settings"):
+        override(recipe("ernie-debug"), reset_attention=True).check(world_size=1)
+
+
+def test_decoder_flops_count_every_weight_a_token_passes_through():
+    import transformers
+
+    from tests.tiny_decoder import CONFIGS
+    from zhnlp.models.ernie4_5 import Ernie4_5Config
+    from zhnlp.training.trainer import decoder_flops
+
+    hf = transformers.Ernie4_5ForCausalLM(transformers.Ernie4_5Config(**CONFIGS["untied_bias"]))
+    weights = sum(m.weight.numel() for m in hf.modules() if isinstance(m, torch.nn.Linear))  # lm_head included
+    arch = Ernie4_5Config.from_dict(hf.config.to_dict())
+    layers, heads, hd = arch.num_hidden_layers, arch.num_attention_heads, arch.head_dim
+    assert decoder_flops(arch, tokens=3, s=10) == 6 * weights * 3 + 6 * layers * heads * hd * 10 * 3
+    big = recipe("ernie4.5-0.3b").architecture()  # ERNIE-4.5-0.3B: 0.36B weights, the embeddings counted once
+    assert decoder_flops(big, tokens=1, s=0) == 6 * 360_710_144

@@ -11,7 +11,13 @@ Output, for ``--output PREFIX``:
 * ``PREFIX_units.bin`` / ``PREFIX_units.idx``: side data aligned token for token: the
   masking unit of every token (whole-word units from jieba segmentation; -1 = none), so
   that Chinese whole-word masking knows which characters form one word;
-* ``PREFIX.json``: what was done (inputs, tokenizer, counts, bad lines, checksums).
+* ``PREFIX.json``: what was done (inputs, tokenizer, objective, counts, bad lines, checksums).
+
+With ``objective="causal-lm"`` (``--objective causal-lm``, for decoder pretraining) documents are not
+split: each becomes one sequence, its token ids followed by the tokenizer's end-of-document id (EOD: the
+eos token, e.g. ``</s>``; ``[SEP]`` for a WordPiece vocabulary without one), recorded in ``PREFIX.json``
+as ``eod_token`` / ``eod_token_id``. There is no unit side data. :class:`zhnlp.data.causal_lm.CausalLMDataset`
+packs the token stream into full windows.
 
 Bad input lines (invalid UTF-8, invalid JSON, a missing or non-string field, empty text) are
 counted and reported with their line numbers; ``on_error="skip"`` leaves them out, ``"fail"``
@@ -39,6 +45,7 @@ from zhnlp.errors import ZhnlpError
 # Sentence ends: Chinese and Western terminal punctuation, optionally followed by closing quotes.
 _SENTENCE_END = re.compile(r"[^。！？!?；;…\n]*(?:[。！？!?；;…]+[”’」』）)]*|\n|$)")
 _CHUNK_LINES = 256
+OBJECTIVES = ("mlm", "causal-lm")  # masked LM (sentences + masking units) / causal LM (documents + EOD)
 
 
 class PreprocessError(ZhnlpError, ValueError):
@@ -56,6 +63,7 @@ class PreprocessReport:
     bad_lines: dict = field(default_factory=dict)  # reason -> [line numbers]
     seconds: float = 0.0
     workers: int = 1
+    objective: str = "mlm"
 
     @property
     def bad_count(self) -> int:
@@ -66,7 +74,9 @@ class PreprocessReport:
         return self.input_bytes / 1e6 / max(self.seconds, 1e-9)
 
     def summary(self) -> str:
-        lines = [f"{self.documents:,} documents, {self.sentences:,} sentences, {self.tokens:,} tokens from "
+        what = "" if self.objective == "causal-lm" else f"{self.sentences:,} sentences, "
+        eod = " (EOD included)" if self.objective == "causal-lm" else ""
+        lines = [f"{self.documents:,} documents, {what}{self.tokens:,} tokens{eod} from "
                  f"{self.input_bytes / 1e6:.1f} MB in {self.seconds:.1f}s: {self.mb_per_s:.2f} MB/s "
                  f"({self.mb_per_s / self.workers:.2f} MB/s per worker, {self.workers} workers)"]
         for reason, numbers in sorted(self.bad_lines.items()):
@@ -132,10 +142,11 @@ def parse_line(raw: bytes, fmt: str, field_name: str, entities_field: str | None
 _STATE: dict = {}
 
 
-def _init_worker(tokenizer: str, masking: bool, phrases: list[str] | None = None) -> None:
+def _init_worker(tokenizer: str, masking: bool, phrases: list[str] | None = None, eod: int | None = None) -> None:
     from zhnlp.tokenizers import AutoTokenizer
 
     _STATE["tokenizer"] = AutoTokenizer.from_pretrained(tokenizer)
+    _STATE["eod"] = eod  # causal LM: documents whole, each followed by this id
     if masking:
         from zhnlp.tokenizers.segment import Segmenter
 
@@ -159,7 +170,12 @@ def _unit_ids(sentence: str, offsets, entities: list[tuple[int, int]]) -> np.nda
 
 def _encode_documents(docs: list[tuple[str, list]]) -> list[tuple[list[np.ndarray], list[np.ndarray]]]:
     """Token ids and unit ids of every sentence of every ``(text, entity spans)`` document,
-    tokenised in one batch (the Rust tokenizer's batch call avoids per-sentence Python overhead)."""
+    tokenised in one batch (the Rust tokenizer's batch call avoids per-sentence Python overhead).
+    Causal LM: one sequence per document, EOD appended, no units."""
+    if _STATE["eod"] is not None:
+        encodings = _STATE["tokenizer"].backend_tokenizer.encode_batch([t for t, _ in docs], add_special_tokens=False)
+        return [([np.asarray([*enc.ids, _STATE["eod"]], dtype=np.int32)], None) if enc.ids else ([], None)
+                for enc in encodings]
     spans = [sentence_spans(text) for text, _ in docs]
     flat = [text[a:b] for (text, _), doc in zip(docs, spans) for a, b in doc]
     encodings = _STATE["tokenizer"].backend_tokenizer.encode_batch(flat, add_special_tokens=False)
@@ -232,7 +248,7 @@ def _chunks(paths: list[Path], fmt: str, field_name: str, entities_field: str | 
 def preprocess(inputs: list[str | Path], output_prefix: str | Path, tokenizer: str, *, fmt: str = "auto",
                field_name: str = "text", workers: int = 1, on_error: str = "skip", masking: bool = True,
                entities_field: str | None = None, phrases: list[str] | None = None,
-               progress: bool = True, overwrite: bool = False) -> PreprocessReport:
+               progress: bool = True, overwrite: bool = False, objective: str = "mlm") -> PreprocessReport:
     """Tokenise ``inputs`` into ``output_prefix``.{bin,idx} (+ ``_units`` side data and ``.json``).
 
     Args:
@@ -250,6 +266,8 @@ def preprocess(inputs: list[str | Path], output_prefix: str | Path, tokenizer: s
         phrases: multi-word phrases to mask as one unit where jieba's words form them.
         overwrite: replace a corpus already at ``output_prefix`` (else refused; the old files stay
             intact until the new ones are complete either way).
+        objective: ``mlm`` (sentences with masking units, for the encoders) or ``causal-lm`` (whole
+            documents each followed by the tokenizer's EOD id, no side data, for the decoders).
 
     Raises:
         PreprocessError: missing or unreadable inputs, bad settings, or a corpus with no usable
@@ -283,14 +301,21 @@ def preprocess(inputs: list[str | Path], output_prefix: str | Path, tokenizer: s
         raise PreprocessError(f"on_error must be 'skip' or 'fail', not {on_error!r}")
     if fmt not in ("auto", "jsonl", "text"):
         raise PreprocessError(f"fmt must be 'auto', 'jsonl' or 'text', not {fmt!r}")
+    if objective not in OBJECTIVES:
+        raise PreprocessError(f"objective must be one of {', '.join(OBJECTIVES)}, not {objective!r}")
+    causal = objective == "causal-lm"
+    if causal and (entities_field or phrases):
+        raise PreprocessError("--entities-field and --phrases are masking units for masked-LM pretraining; drop "
+                              "them with --objective causal-lm.")
     from zhnlp.tokenizers import AutoTokenizer
 
     # load it here first: a tokenizer that fails inside the pool's initializer would be retried forever
-    AutoTokenizer.from_pretrained(tokenizer)
+    eod_token, eod = _eod(AutoTokenizer.from_pretrained(tokenizer), tokenizer) if causal else (None, None)
+    masking = masking and not causal
     prefix.parent.mkdir(parents=True, exist_ok=True)
     total_bytes = sum(p.stat().st_size for p in paths)
-    report = PreprocessReport(workers=workers)
-    tmp = {k: prefix.with_name(f"{prefix.name}{k}.tmp{os.getpid()}") for k in ("", "_units")}
+    report = PreprocessReport(workers=workers, objective=objective)
+    tmp = {k: prefix.with_name(f"{prefix.name}{k}.tmp{os.getpid()}") for k in (("",) if causal else ("", "_units"))}
     builders = {k: IndexedDatasetBuilder(str(v) + ".bin", dtype=np.int32) for k, v in tmp.items()}
     start = time.perf_counter()
     bar = _progress(total_bytes, progress)
@@ -298,11 +323,11 @@ def preprocess(inputs: list[str | Path], output_prefix: str | Path, tokenizer: s
         if workers > 1:
             # spawn: the workers must not inherit torch/megatron state (threads, process groups)
             pool = mp.get_context("spawn").Pool(workers, initializer=_init_worker,
-                                                initargs=(tokenizer, masking, phrases))
+                                                initargs=(tokenizer, masking, phrases, eod))
             results = pool.imap(_process_chunk, _chunks(paths, fmt, field_name, entities_field))
         else:
             pool = None
-            _init_worker(tokenizer, masking, phrases)
+            _init_worker(tokenizer, masking, phrases, eod)
             results = map(_process_chunk, _chunks(paths, fmt, field_name, entities_field))
         for docs, bad, nbytes in results:
             for line, reason in bad:
@@ -311,14 +336,15 @@ def preprocess(inputs: list[str | Path], output_prefix: str | Path, tokenizer: s
                 raise PreprocessError("bad input lines (on_error='fail'): "
                                       + report.summary().split("\n", 1)[1].strip())
             for ids, units in docs:
-                for seq_ids, seq_units in zip(ids, units):
+                for i, seq_ids in enumerate(ids):
                     builders[""].add_item(_tensor(seq_ids))
-                    builders["_units"].add_item(_tensor(seq_units))
+                    if units is not None:
+                        builders["_units"].add_item(_tensor(units[i]))
                     report.tokens += len(seq_ids)
                 report.sentences += len(ids)
                 report.documents += 1
-                builders[""].end_document()
-                builders["_units"].end_document()
+                for builder in builders.values():
+                    builder.end_document()
             report.input_bytes += nbytes
             bar.update(nbytes)
         if pool is not None:
@@ -342,6 +368,9 @@ def preprocess(inputs: list[str | Path], output_prefix: str | Path, tokenizer: s
                               f"format (--format, --field) or pass a corpus with text in it.")
     for k, v in tmp.items():
         builders[k].finalize(str(v) + ".idx")
+    if causal:  # a masked-LM corpus replaced by --overwrite must not leave its side data behind
+        for suffix in (".bin", ".idx"):
+            Path(f"{prefix}_units{suffix}").unlink(missing_ok=True)
     report.seconds = time.perf_counter() - start
     checksums = {}
     for k, v in tmp.items():
@@ -349,12 +378,25 @@ def preprocess(inputs: list[str | Path], output_prefix: str | Path, tokenizer: s
             final = Path(f"{prefix}{k}{suffix}")
             os.replace(str(v) + suffix, final)
             checksums[f"{k}{suffix}"] = hashlib.sha256(final.read_bytes()).hexdigest()
-    counts = {k: v for k, v in asdict(report).items() if k not in ("seconds", "workers")}  # reproducible
-    meta = {"inputs": [str(p) for p in paths], "tokenizer": tokenizer, "format": fmt, "field": field_name,
-            "masking": (("entity+" if entities_field else "") + ("phrase+" if phrases else "") + "word")
-            if masking else None, "counts": counts, "sha256": checksums}
+    counts = {k: v for k, v in asdict(report).items() if k not in ("seconds", "workers", "objective")}  # reproducible
+    meta = {"inputs": [str(p) for p in paths], "tokenizer": tokenizer, "objective": objective, "format": fmt,
+            "field": field_name, "masking": (("entity+" if entities_field else "") + ("phrase+" if phrases else "")
+                                             + "word") if masking else None}
+    if causal:
+        meta.update(eod_token=eod_token, eod_token_id=eod)
+    meta.update(counts=counts, sha256=checksums)
     Path(f"{prefix}.json").write_text(json.dumps(meta, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
     return report
+
+
+def _eod(tok, name: str) -> tuple[str, int]:
+    """The end-of-document token of a causal-LM corpus: the tokenizer's eos token, else its [SEP]."""
+    for attr in ("eos_token", "sep_token"):
+        token = getattr(tok, attr, None)
+        if token is not None:
+            return token, int(tok.convert_tokens_to_ids(token))
+    raise PreprocessError(f"tokenizer {name} has neither an eos nor a sep token to end documents with "
+                          "(--objective causal-lm); use a tokenizer that defines one.")
 
 
 def _tensor(array: np.ndarray):
@@ -387,6 +429,9 @@ def add_cli(subparsers) -> None:
                               description=__doc__.split("\n\n")[0])
     p.add_argument("--input", nargs="+", required=True, type=input_file, help="jsonl or plain-text files")
     p.add_argument("--output", required=True, help="output prefix (PREFIX.bin/.idx, PREFIX_units.*, PREFIX.json)")
+    p.add_argument("--objective", choices=OBJECTIVES, default="mlm",
+                   help="mlm: sentences with masking units (encoders); causal-lm: whole documents each followed "
+                        "by the tokenizer's EOD token, no side data (decoders, zhnlp pretrain --recipe ernie4.5-*)")
     p.add_argument("--tokenizer", required=True, help="tokenizer name or directory holding vocab.txt")
     p.add_argument("--format", choices=["auto", "jsonl", "text"], default="auto")
     p.add_argument("--field", default="text", help="jsonl field holding the text")
@@ -413,7 +458,8 @@ def _run_cli(args) -> int:
                         workers=args.workers, on_error=args.on_error, masking=not args.no_masking,
                         entities_field=args.entities_field, phrases=phrases,
                         progress=logging.getLogger("zhnlp").isEnabledFor(logging.INFO),  # -q: no bar
-                        overwrite=args.overwrite)
+                        overwrite=args.overwrite, objective=args.objective)
     print(report.summary())
-    print(f"wrote {args.output}.bin/.idx, {args.output}_units.bin/.idx, {args.output}.json")
+    units = "" if args.objective == "causal-lm" else f"{args.output}_units.bin/.idx, "
+    print(f"wrote {args.output}.bin/.idx, {units}{args.output}.json")
     return 0

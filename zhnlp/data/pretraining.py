@@ -28,11 +28,13 @@ from zhnlp.errors import DataError, ZhnlpError
 CORPUS_FILES = (".bin", ".idx", "_units.bin", "_units.idx")  # what ``zhnlp preprocess --output PREFIX`` writes
 
 
-def check_corpus_prefix(prefix) -> None:
-    """DataError naming ``prefix`` unless a preprocessed corpus lies there (a directory given
-    instead of a prefix gets the prefixes inside it as suggestions)."""
+def check_corpus_prefix(prefix, objective: str = "mlm") -> None:
+    """DataError naming ``prefix`` unless a corpus preprocessed for ``objective`` (``mlm``, or
+    ``causal-lm``: no unit side data) lies there (a directory given instead of a prefix gets the
+    prefixes inside it as suggestions)."""
     prefix = Path(prefix)
-    missing = [f"{prefix}{suffix}" for suffix in CORPUS_FILES if not Path(f"{prefix}{suffix}").is_file()]
+    files = CORPUS_FILES if objective == "mlm" else (".bin", ".idx", ".json")
+    missing = [f"{prefix}{suffix}" for suffix in files if not Path(f"{prefix}{suffix}").is_file()]
     if not missing:
         return
     if prefix.is_dir():
@@ -40,8 +42,9 @@ def check_corpus_prefix(prefix) -> None:
         hint = f" (it holds {', '.join(found[:3])})" if found else ""
         raise DataError(f"--data {prefix} is a directory; pass the prefix of a preprocessed corpus, e.g. DIR/NAME for "
                         f"DIR/NAME.bin and DIR/NAME.idx{hint}.")
+    flag = "" if objective == "mlm" else f" --objective {objective}"
     raise DataError(f"--data {prefix}: no preprocessed corpus there (missing {', '.join(missing)}); write one with "
-                    f"`zhnlp preprocess --input FILE --output {prefix} --tokenizer DIR`.")
+                    f"`zhnlp preprocess{flag} --input FILE --output {prefix} --tokenizer DIR`.")
 
 
 @dataclass(frozen=True)

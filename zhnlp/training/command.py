@@ -11,13 +11,13 @@ from zhnlp.training.config import RECIPES, override, recipe
 
 
 def add_cli(subparsers) -> None:
-    from zhnlp.training.config import (CheckpointConfig, DataConfig, LoggingConfig, OptimizerConfig, ParallelConfig,
-                                       RunConfig)
+    from zhnlp.training.config import (CheckpointConfig, DataConfig, LoggingConfig, MoEConfig, OptimizerConfig,
+                                       ParallelConfig, RunConfig)
 
     p = subparsers.add_parser(
-        "pretrain", dataclass_types=[RunConfig, ParallelConfig, OptimizerConfig, DataConfig, CheckpointConfig,
-                                     LoggingConfig], given_only=True,
-        help="pretrain an ERNIE model (megatron-core engine)",
+        "pretrain", dataclass_types=[RunConfig, ParallelConfig, MoEConfig, OptimizerConfig, DataConfig,
+                                     CheckpointConfig, LoggingConfig], given_only=True,
+        help="pretrain an ERNIE encoder (masked LM) or an ERNIE 4.5 decoder (causal LM) on the megatron-core engine",
         description="Pretrain with a recipe; run under torchrun for several processes. The flags override the "
                     "recipe's settings (--print-config shows the result; --config FILE sets them from a file). "
                     "SIGTERM or Ctrl-C finishes the current step, writes a checkpoint and exits 143 / 130; "
@@ -39,8 +39,8 @@ def add_cli(subparsers) -> None:
 def resolve(args) -> "RunConfig":
     """The run configuration of a ``zhnlp pretrain`` command line: recipe, then --config FILE, then flags."""
     from zhnlp import configargs
-    from zhnlp.training.config import (CheckpointConfig, DataConfig, LoggingConfig, OptimizerConfig, ParallelConfig,
-                                       RunConfig)
+    from zhnlp.training.config import (CheckpointConfig, DataConfig, LoggingConfig, MoEConfig, OptimizerConfig,
+                                       ParallelConfig, RunConfig)
 
     data = configargs.read_config_file(args.config) if getattr(args, "config", None) else None
     cfg = recipe(getattr(args, "recipe", None) or (data or {}).get("recipe") or "ernie-debug")
@@ -55,8 +55,8 @@ def resolve(args) -> "RunConfig":
             override(cfg, **configargs.flatten(data, RunConfig.SECTIONS))
         except TypeError as e:
             raise ValueError(f"--config {args.config}: {e}; see --print-config for the names.") from None
-    flags = configargs.given(args, RunConfig, ParallelConfig, OptimizerConfig, DataConfig, CheckpointConfig,
-                             LoggingConfig)
+    flags = configargs.given(args, RunConfig, ParallelConfig, MoEConfig, OptimizerConfig, DataConfig,
+                             CheckpointConfig, LoggingConfig)
     explicit_output = "output" in flags or (getattr(args, "config", None) and cfg.output != "runs/pretrain")
     override(cfg, **flags)
     if "recompute" in flags and flags["recompute"] is None:

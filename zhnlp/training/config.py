@@ -33,12 +33,34 @@ def _section(cls):
     return field(default_factory=cls, metadata={"cli": False})
 
 
+# The pretraining objective of each family (by zhnlp.models Family.name): its head in
+# PretrainedModel.from_config and the dataset the trainer builds for it.
+PRETRAINING_HEADS = {"ernie": "mlm", "ernie4_5": "causal_lm"}
+
+
 @dataclass
 class ParallelConfig:
     tp: int = _f(1, "tensor-parallel size", check=positive)
     pp: int = _f(1, "pipeline-parallel size", check=positive)
     vpp: int | None = _f(None, "virtual pipeline chunks per stage (interleaved schedule)", check=positive)
     sequence_parallel: bool = _f(False, "split activations along the sequence over the TP ranks (needs tp >= 2)")
+    ep: int = _f(1, "expert-parallel size: the experts of each MoE layer are split over this many ranks "
+                    "(mixture-of-experts models only)", check=positive)
+
+
+@dataclass
+class MoEConfig:
+    """Mixture-of-experts training options, passed to megatron's TransformerConfig for an MoE model only."""
+
+    moe_aux_loss_coeff: float = _f(0.0, "weight of the load-balancing auxiliary loss (MoE)", check=number(0))
+    moe_expert_capacity_factor: float | None = _f(
+        None, "token dropping: each expert takes at most this factor x its even share of the tokens (MoE; "
+              "default: no dropping)", check=number(0, low_open=True))
+    moe_token_drop_policy: str = _f("probs", "with a capacity factor: drop the tokens of lowest routing "
+                                             "probability, or the last ones in the sequence (MoE)",
+                                    choices=("probs", "position"))
+    moe_pad_expert_input_to_capacity: bool = _f(False, "with a capacity factor: pad every expert's input to its "
+                                                       "capacity (MoE)")
 
 
 @dataclass
@@ -62,11 +84,15 @@ class DataConfig:
     prefix: str | None = _f(None, "preprocessed corpus prefix (zhnlp preprocess --output PREFIX); default for "
                                   "ernie-debug and ernie-tiny: the demo corpus", aliases=["--data"])
     tokenizer: str | None = _f(None, "tokenizer directory or name (default: the corpus's tokenizer)")
-    seq_length: int = _f(128, "tokens per sample, [CLS] and [SEP] included", check=integer(8))
+    seq_length: int = _f(128, "tokens per sample ([CLS]/[SEP] included for masked LM)", check=integer(8))
     micro_batch_size: int = _f(8, "samples per forward pass and rank", check=positive)
     global_batch_size: int = _f(32, "samples per optimizer step over all ranks", check=positive)
     mask_prob: float = _f(0.15, "fraction of tokens masked", check=number(0, 1, low_open=True, high_open=True))
     max_ngram: int = _f(1, "longest masked n-gram of whole words (1: whole-word masking)", check=positive)
+    reset_attention: bool = _f(False, "causal LM: attention stops at document ends (EOD) and position ids restart "
+                                      "per document (default: packed windows attend across documents)")
+    eod_mask_loss: bool = _f(False, "causal LM: no loss on predicting the token after an EOD (the next "
+                                    "document's first token)")
 
 
 @dataclass
@@ -91,8 +117,9 @@ class RunConfig:
     """Everything a pretraining run needs besides the data files themselves."""
 
     recipe: str = field(metadata={"cli": False})
-    model: dict = field(metadata={"cli": False})  # transformers config.json fields (model_type ernie/bert)
+    model: dict = field(metadata={"cli": False})  # transformers config.json fields (model_type: the family)
     parallel: ParallelConfig = _section(ParallelConfig)
+    moe: MoEConfig = _section(MoEConfig)
     optimizer: OptimizerConfig = _section(OptimizerConfig)
     data: DataConfig = _section(DataConfig)
     logging: LoggingConfig = _section(LoggingConfig)
@@ -106,7 +133,23 @@ class RunConfig:
     output: str = _f("runs/pretrain", "run directory (default runs/RECIPE); must be new or empty unless "
                                       "--resume or --overwrite")
 
-    SECTIONS = ("parallel", "optimizer", "data", "logging", "checkpoint")
+    SECTIONS = ("parallel", "moe", "optimizer", "data", "logging", "checkpoint")
+
+    @property
+    def family(self):
+        """The model family of ``model["model_type"]`` (zhnlp.models' registry)."""
+        from zhnlp.models import family_for_model_type
+
+        return family_for_model_type(self.model.get("model_type"), source=f"recipe {self.recipe!r}: model")
+
+    @property
+    def head(self) -> str:
+        """The pretraining head of the family: masked LM for encoders, causal LM for decoders."""
+        return PRETRAINING_HEADS[self.family.name]
+
+    def architecture(self):
+        """``model`` as the family's architecture config (its checks run here)."""
+        return self.family.config_class.from_dict(self.model, source=f"recipe {self.recipe!r}: model")
 
     def to_dict(self) -> dict:
         """Every setting, nested by section: what ``--print-config`` prints and ``--config`` reads."""
@@ -114,9 +157,8 @@ class RunConfig:
 
     def check(self, world_size: int) -> None:
         """Fail before any work when the layout cannot work, with one message."""
-        from zhnlp.models.ernie.config import ErnieConfig
-
         from zhnlp.argtypes import range_problem
+        from zhnlp.errors import CheckpointError, ModelNotFoundError
 
         p, d = self.parallel, self.data
         problems = []
@@ -158,8 +200,30 @@ class RunConfig:
             problems.append(f"precision {self.precision!r} is not one of fp32, bf16, fp16")
         if self.recompute not in (None, "selective", "full"):
             problems.append(f"recompute {self.recompute!r} is not one of selective, full")
+        m = self.moe
+        problem = range_problem(m.moe_aux_loss_coeff, "a number", 0)
+        if problem:
+            problems.append(f"moe_aux_loss_coeff {problem}, got {m.moe_aux_loss_coeff!r}")
         try:
-            ErnieConfig.from_dict(self.model).check_layout(p.tp, p.pp, p.vpp)
+            arch = self.architecture()
+        except (CheckpointError, ModelNotFoundError) as e:
+            problems.append(str(e).rstrip("."))
+            arch = None
+        moe = bool(getattr(arch, "is_moe", False))
+        if arch is not None and p.ep > 1 and not moe:
+            problems.append(f"ep={p.ep} needs a mixture-of-experts model; {self.model.get('model_type')!r} has no "
+                            "experts (use ep=1)")
+        if arch is not None and not moe and (m.moe_expert_capacity_factor is not None or m.moe_aux_loss_coeff):
+            problems.append("the moe settings (moe_aux_loss_coeff, moe_expert_capacity_factor) need a "
+                            "mixture-of-experts model")
+        if arch is not None and self.head != "causal_lm" and (d.reset_attention or d.eod_mask_loss):
+            problems.append("reset_attention and eod_mask_loss are causal-LM settings; this recipe's model is "
+                            "pretrained with masked LM")
+        try:
+            if arch is not None:
+                arch.check_layout(p.tp, p.pp, p.vpp)
+                if moe:
+                    arch.check_experts(p.ep, p.tp, p.tp)
         except LayoutError as e:
             problems.append(str(e).removeprefix("this model does not fit the parallel layout: ").rstrip("."))
         if problems:
@@ -202,6 +266,36 @@ def _sized(name: str, layers: int, hidden: int, heads: int, ffn: int):
     return recipe
 
 
+def decoder_arch(layers: int, hidden: int, heads: int, kv_heads: int, ffn: int, *, head_dim: int | None = None,
+                 vocab: int = 21128, positions: int = 2048, model_type: str = "ernie4_5", **extra) -> dict:
+    """An ERNIE 4.5 decoder architecture (transformers' config.json fields). The default vocabulary is
+    BERT-Chinese's (the demo corpus's tokenizer: [SEP] ends documents, so it is the eos token); the real
+    shapes pass ERNIE 4.5's own 103,424-token vocabulary (eos ``</s>`` = 2). ``extra``: further fields
+    (an MoE model's ``moe_*`` sizes)."""
+    bert = vocab == 21128
+    return dict(model_type=model_type, vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers,
+                num_attention_heads=heads, num_key_value_heads=kv_heads, head_dim=head_dim or hidden // heads,
+                intermediate_size=ffn, hidden_act="silu", max_position_embeddings=positions,
+                initializer_range=0.02, rms_norm_eps=1e-5, rope_theta=500000.0, use_bias=False,
+                tie_word_embeddings=True, pad_token_id=0, bos_token_id=101 if bert else 1,
+                eos_token_id=102 if bert else 2, **extra)
+
+
+def decoder_recipe(name: str, model: dict, *, steps: int, lr: float, warmup: int, seq: int, micro: int,
+                   global_batch: int, doc: str, **parallel):
+    """A causal-LM recipe for ``model``; ``parallel``: the default layout (ParallelConfig fields). A new
+    decoder recipe (the MoE shapes) is one ``RECIPES[name] = decoder_recipe(...)`` line."""
+    def recipe() -> RunConfig:
+        return RunConfig(recipe=name, model=dict(model), steps=steps, parallel=ParallelConfig(**parallel),
+                         optimizer=OptimizerConfig(lr=lr, min_lr=lr / 10, warmup_steps=warmup, decay_style="cosine",
+                                                   weight_decay=0.1, adam_beta2=0.95),
+                         data=DataConfig(seq_length=seq, micro_batch_size=micro, global_batch_size=global_batch))
+    recipe.__doc__ = doc
+    return recipe
+
+
+ERNIE45_0_3B = decoder_arch(18, 1024, 16, 2, 3072, head_dim=128, vocab=103424, positions=131072)
+
 RECIPES = {
     "ernie-debug": ernie_debug,
     "ernie-tiny": ernie_tiny,
@@ -211,6 +305,22 @@ RECIPES = {
     "ernie-3.0-medium": _sized("ernie-3.0-medium", 6, 768, 12, 3072),
     "ernie-3.0-base": _sized("ernie-3.0-base", 12, 768, 12, 3072),
     "ernie-3.0-xbase": _sized("ernie-3.0-xbase", 20, 1024, 16, 4096),
+    "ernie4.5-debug": decoder_recipe(
+        "ernie4.5-debug", decoder_arch(4, 64, 4, 2, 128, head_dim=16), steps=20, lr=1e-3, warmup=2, seq=64, micro=2,
+        global_batch=8, doc="A tiny dense ERNIE 4.5 decoder for tests (4 layers, hidden 64, 4 query / 2 key-value "
+                            "heads of 16, FFN 128, BERT-Chinese vocabulary); dropout-free, so every layout gives the "
+                            "same losses."),
+    "ernie4.5-tiny": decoder_recipe(
+        "ernie4.5-tiny", decoder_arch(4, 128, 4, 2, 384, head_dim=32), steps=300, lr=2e-3, warmup=30, seq=128,
+        micro=8, global_batch=16, doc="A small dense ERNIE 4.5 decoder that learns visibly in 2-3 minutes on 2 CPU "
+                                      "processes (4 layers, hidden 128, 4/2 heads of 32, FFN 384)."),
+    "ernie4.5-0.3b": decoder_recipe(
+        "ernie4.5-0.3b", ERNIE45_0_3B, steps=100_000, lr=3e-4, warmup=2000, seq=4096, micro=2, global_batch=512,
+        doc="ERNIE-4.5-0.3B's shape: 18 layers, hidden 1024, 16 query / 2 key-value heads of 128, FFN 3072, "
+            "vocabulary 103,424 (ERNIE 4.5's tokenizer), rope_theta 500,000, tied embeddings; sequences of 4,096. "
+            "Suggested layouts: 8 x 80 GB GPUs: data parallel (tp=1, --distributed-optimizer, micro batch 2, "
+            "--precision bf16); tp=2 (kv heads 2 allow at most tp=2) once the micro batch no longer fits; "
+            "pp is rarely worth it at this size (18 layers: pp=2, 3, 6 or 9)."),
 }
 
 
@@ -225,7 +335,7 @@ def override(cfg: RunConfig, **changes) -> RunConfig:
     for key, value in changes.items():
         if value is None:
             continue
-        for target in (cfg, cfg.parallel, cfg.optimizer, cfg.data, cfg.logging, cfg.checkpoint):
+        for target in (cfg, cfg.parallel, cfg.moe, cfg.optimizer, cfg.data, cfg.logging, cfg.checkpoint):
             if key in {f.name for f in dataclasses.fields(target)}:
                 setattr(target, key, value)
                 break

@@ -2,8 +2,9 @@
 
 The model weights are read from the distributed checkpoint (whatever layout wrote it) into a
 model built for this process's layout, written by ``save_pretrained`` (config.json +
-safetensors, loadable by ``zhnlp.AutoModelForMaskedLM`` and by transformers) together with
-the tokenizer the corpus was preprocessed with.
+safetensors, loadable by transformers and by zhnlp: ``AutoModelForMaskedLM`` for an encoder,
+``AutoModelForCausalLM`` for an ERNIE 4.5 decoder) together with the tokenizer the corpus was
+preprocessed with. The family and head follow the checkpoint's ``model["model_type"]``.
 """
 
 from __future__ import annotations
@@ -18,8 +19,8 @@ from zhnlp.fileio import swap_directory
 
 
 def export(checkpoint: str | Path, output: str | Path, overwrite: bool = False) -> Path:
-    """Write the masked-LM model of ``checkpoint`` (a step directory or a run's checkpoints
-    folder, newest complete one) and its tokenizer to ``output``.
+    """Write the pretrained model of ``checkpoint`` (a step directory or a run's checkpoints
+    folder, newest complete one; masked LM or causal LM, as trained) and its tokenizer to ``output``.
 
     An ``output`` that holds anything is refused unless ``overwrite``; then it must be a model
     directory (it has a config.json: zhnlp never replaces a folder of other files), and it is
@@ -30,15 +31,16 @@ def export(checkpoint: str | Path, output: str | Path, overwrite: bool = False) 
     from zhnlp import distributed
     from zhnlp.distributed import cpu
     from zhnlp.models.common.pretrained import PretrainedModel
-    from zhnlp.models.ernie import FAMILY, ErnieConfig
     from zhnlp.training.checkpoint import unreadable_as_checkpoint_error
+    from zhnlp.training.config import RunConfig
 
     out = Path(output)
     _check_target(out, overwrite)
     path = _loadable(Path(checkpoint))
     info = json.loads((path / "trainer.json").read_text(encoding="utf-8"))
     distributed.layout()
-    model = PretrainedModel.from_config(FAMILY, ErnieConfig.from_dict(info["model"]), "mlm")
+    run = RunConfig(recipe=info.get("recipe", "?"), model=info["model"])  # family and head from model_type
+    model = PretrainedModel.from_config(run.family, run.architecture(), run.head)
     with cpu.device_mode(), unreadable_as_checkpoint_error(path):
         template = {f"model{i}": c.sharded_state_dict() for i, c in enumerate(model.chunks)}
         state = dist_checkpointing.load(template, str(path / "model"))

@@ -4,7 +4,9 @@ The model comes from zhnlp's family code (layout-independent initialisation), is
 megatron's DistributedDataParallel per chunk, optimised by megatron's optimizer (plain or
 distributed) with its parameter scheduler, and stepped by megatron's forward/backward
 schedules (no pipelining, 1F1B, interleaved). Objectives differ only in their step function:
-:func:`masked_lm_step` here.
+:func:`forward_step` (the model's head computes the loss) serves masked LM (the encoders), causal LM
+(the decoders) and fine-tuning. The family, and with it the pretraining head and dataset, follows the
+recipe's ``model["model_type"]`` (:attr:`RunConfig.family`, :attr:`RunConfig.head`).
 
 Precision: fp32; bf16 (bf16 weights, fp32 main parameters in the optimizer); fp16 with
 dynamic loss scaling (overflowing steps are skipped and counted in the metrics).
@@ -12,6 +14,7 @@ dynamic loss scaling (overflowing steps are skipped and counted in the metrics).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import resource
 import time
@@ -44,16 +47,20 @@ def forward_step(data_iterator, model):
 
 
 masked_lm_step = forward_step  # pretraining's step: the MLM head's loss over the masked tokens
+causal_lm_step = forward_step  # the decoders': the causal-LM loss over every position (labels shifted inside)
 
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # --precision -> parameters
 
 
 def run_options(cfg: RunConfig) -> dict:
-    """The run-side model options of ``cfg`` (precision, sequence parallelism, recompute) that
+    """The run-side model options of ``cfg`` (precision, sequence parallelism, recompute; for a
+    mixture-of-experts model the ``moe`` section: aux-loss weight, capacity and token dropping) that
     ``PretrainedModel`` passes to megatron's TransformerConfig."""
     dtype = DTYPES[cfg.precision]
     run = {"sequence_parallel": cfg.parallel.sequence_parallel}
+    if getattr(cfg.architecture(), "is_moe", False):
+        run.update(dataclasses.asdict(cfg.moe))  # megatron's field names
     if dtype != torch.float32:  # half-precision weights; the optimizer keeps fp32 main copies
         run.update(params_dtype=dtype, bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16)
     if cfg.recompute == "full":
@@ -81,6 +88,30 @@ def _corpus_tokenizer(prefix: str) -> str:
     return tokenizer
 
 
+DEMO_RECIPES = ("ernie-debug", "ernie-tiny", "ernie4.5-debug", "ernie4.5-tiny")  # default data: the demo corpus
+
+
+def decoder_flops(arch, tokens: int, s: int) -> float:
+    """Model FLOPs of a training step of a GQA decoder over ``tokens`` tokens in sequences of ``s``:
+    6 x (matmul weights a token passes through) x tokens (forward 2, backward 4 FLOPs per weight), plus
+    the attention scores and their weighted sum over the causal half of the ``s x s`` matrix,
+    ``6 x 2 x s x nh*hd`` per token and layer, halved. Weights per token and layer: Q and O
+    (``h x nh*hd`` each), K and V (``h x ng*hd`` each), the SwiGLU MLP (``3 x h x ffn``; in a
+    mixture-of-experts layer the ``moe_k`` chosen experts, the shared ones and the router); plus the
+    vocabulary projection on every position (all positions are predicted)."""
+    h, hd, nh, ng = arch.hidden_size, arch.head_dim, arch.num_attention_heads, arch.num_key_value_heads
+    attention = 2 * h * nh * hd + 2 * h * ng * hd
+    weights = arch.hidden_size * arch.vocab_size
+    for layer in range(arch.num_hidden_layers):
+        if getattr(arch, "is_moe", False) and arch.is_moe_layer(layer):
+            mlp = 3 * h * (arch.moe_k * arch.moe_intermediate_size + arch.shared_expert_size)
+            mlp += h * arch.moe_num_experts  # the router
+        else:
+            mlp = 3 * h * arch.intermediate_size
+        weights += attention + mlp
+    return 6 * weights * tokens + 6 * arch.num_hidden_layers * nh * hd * s * tokens
+
+
 class Trainer:
     """Builds model, optimizer, scheduler and data for a :class:`RunConfig` and trains it."""
 
@@ -88,8 +119,9 @@ class Trainer:
         """Args:
             cfg: the run.
             model: ``model(run_options) -> PretrainedModel``, built after the process groups exist
-                (fine-tuning loads a checkpoint with a task head here). Default: a fresh masked-LM
-                model of ``cfg.model`` trained on ``cfg.data`` (pretraining).
+                (fine-tuning loads a checkpoint with a task head here). Default: a fresh model of
+                ``cfg.model`` with its family's pretraining head (masked LM for the encoders, causal LM
+                for the decoders) trained on ``cfg.data`` (pretraining).
             batches: ``batches(step) -> list of micro-batch dicts`` for this data-parallel rank;
                 required with ``model``.
             tokenizer_name: recorded in checkpoints (export writes this tokenizer).
@@ -101,19 +133,17 @@ class Trainer:
         from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
         from zhnlp.models.common.pretrained import PretrainedModel
-        from zhnlp.models.ernie import FAMILY, ErnieConfig
 
         p, o = cfg.parallel, cfg.optimizer
         dtype = DTYPES[cfg.precision]
         self.cfg = cfg
-        self.layout = lay = distributed.init(tp=p.tp, pp=p.pp, vpp=p.vpp, seed=cfg.seed)
+        self.layout = lay = distributed.init(tp=p.tp, pp=p.pp, vpp=p.vpp, ep=p.ep, seed=cfg.seed)
         cfg.check(lay.world_size)
         run = run_options(cfg)
         if model is None:
             self.dataset = self._dataset()
             self.batches = self._micro_batches
-            arch = ErnieConfig.from_dict(cfg.model)
-            self.model = PretrainedModel.from_config(FAMILY, arch, "mlm", seed=cfg.seed, **run)
+            self.model = PretrainedModel.from_config(cfg.family, cfg.architecture(), cfg.head, seed=cfg.seed, **run)
         else:
             if batches is None:
                 raise TypeError("Trainer(model=...) needs batches=step -> micro-batches as well")
@@ -149,29 +179,46 @@ class Trainer:
         self.step = 0
 
     def _dataset(self):
+        """The pretraining samples of the recipe's objective: masked LM (encoders) or packed causal LM
+        (decoders) over ``data.prefix``, or over the demo corpus for the debug/tiny recipes."""
+        from zhnlp.data.causal_lm import CausalLMDataset, check_objective, corpus_info
         from zhnlp.data.pretraining import MaskedLMDataset, SpecialTokens, check_corpus_prefix
         from zhnlp.tokenizers import AutoTokenizer
 
-        d = self.cfg.data
-        if d.prefix is None and self.cfg.recipe in ("ernie-debug", "ernie-tiny"):
+        d, causal = self.cfg.data, self.cfg.head == "causal_lm"
+        objective = "causal-lm" if causal else "mlm"
+        if d.prefix is None and self.cfg.recipe in DEMO_RECIPES:
             # the project's own corpus, fetched and preprocessed once (by rank 0; the others wait)
             from zhnlp.data.demo import demo_corpus
 
             if dist.get_rank() == 0:
-                demo_corpus()
+                demo_corpus(objective=objective)
             distributed.barrier()
-            d.prefix = str(demo_corpus())
+            d.prefix = str(demo_corpus(objective=objective))
         if d.prefix is None:
-            raise ZhnlpError("no training data: pass --data PREFIX (a corpus preprocessed with `zhnlp preprocess`).")
-        check_corpus_prefix(d.prefix)
+            raise ZhnlpError(f"no training data: pass --data PREFIX (a corpus preprocessed with `zhnlp preprocess"
+                             f"{' --objective causal-lm' if causal else ''}`).")
+        if Path(f"{d.prefix}.json").is_file():  # the corpus says what it was prepared for
+            check_objective(d.prefix, objective, self.cfg.recipe)
+        check_corpus_prefix(d.prefix, objective)
         tokenizer = d.tokenizer or _corpus_tokenizer(d.prefix)
         self.tokenizer_name = tokenizer
-        special = SpecialTokens.from_tokenizer(AutoTokenizer.from_pretrained(tokenizer))
-        if special.vocab_size > self.cfg.model["vocab_size"]:
-            raise ZhnlpError(f"the tokenizer has {special.vocab_size} tokens but the model's vocab_size is "
+        tok = AutoTokenizer.from_pretrained(tokenizer)
+        vocab = len(tok.get_vocab())
+        if vocab > self.cfg.model["vocab_size"]:
+            raise ZhnlpError(f"the tokenizer has {vocab} tokens but the model's vocab_size is "
                              f"{self.cfg.model['vocab_size']}; use a model with a large enough vocabulary.")
-        return MaskedLMDataset(d.prefix, special, seq_length=d.seq_length, mask_prob=d.mask_prob,
-                               max_ngram=d.max_ngram, seed=self.cfg.seed)
+        if not causal:
+            return MaskedLMDataset(d.prefix, SpecialTokens.from_tokenizer(tok), seq_length=d.seq_length,
+                                   mask_prob=d.mask_prob, max_ngram=d.max_ngram, seed=self.cfg.seed)
+        eod, eos = corpus_info(d.prefix).get("eod_token_id"), self.cfg.model.get("eos_token_id")
+        if eod is not None and eod != eos:
+            raise ZhnlpError(f"--data {d.prefix} ends documents with token id {eod} "
+                             f"({corpus_info(d.prefix).get('eod_token')}) but the model's eos_token_id is {eos!r}; "
+                             "set the model's eos_token_id to the corpus's EOD (--config with model.eos_token_id) "
+                             "so that generation stops where training saw documents end.")
+        return CausalLMDataset(d.prefix, d.seq_length, seed=self.cfg.seed, reset_attention=d.reset_attention,
+                               eod_mask_loss=d.eod_mask_loss)
 
     # ------------------------------------------------------------------------------ data
     def _micro_batches(self, step: int) -> list[dict]:
@@ -185,8 +232,9 @@ class Trainer:
         batches = []
         for start in range(0, per_rank, d.micro_batch_size):
             group = samples[start:start + d.micro_batch_size]
-            batches.append({k: torch.as_tensor(np.stack([s[k] for s in group]))
-                            for k in ("input_ids", "attention_mask", "token_type_ids", "labels")})
+            # the dataset's fields: masked LM (input_ids, attention_mask, token_type_ids, labels), causal LM
+            # (input_ids, labels; with reset attention also document_ids, position_ids)
+            batches.append({k: torch.as_tensor(np.stack([s[k] for s in group])) for k in group[0]})
         return batches
 
     # ------------------------------------------------------------------------------ loop
@@ -222,7 +270,16 @@ class Trainer:
                 "grad_norm": float(grad_norm) if grad_norm is not None else None,
                 "loss_scale": float(self.optimizer.get_loss_scale()), "skipped": int(not ok),
                 "tokens_per_s": tokens / elapsed, "mfu": self._flops(tokens, seq) / elapsed / self._peak(),
-                "max_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}
+                "max_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                **self._model_metrics()}
+
+    def _model_metrics(self) -> dict:
+        """Figures the model itself reports after a step, logged into metrics.jsonl beside the loss: a
+        mixture-of-experts model's ``moe_metrics()`` (e.g. ``moe_aux_loss``, tokens per expert min/max
+        per layer). Every rank calls it after the optimizer step (it may reduce over ranks; the logging
+        rank's dict is what is logged); a model without the method reports nothing."""
+        report = getattr(self.model, "moe_metrics", None)
+        return dict(report()) if report is not None else {}
 
     def train(self, steps: int | None = None, after_step=None) -> list[dict]:
         """Train to ``steps`` (default: the config's). On the logging rank: OUTPUT/metrics.jsonl,
@@ -281,7 +338,9 @@ class Trainer:
         """Model FLOPs of one step at sequence length ``s``: 6 x (matmul parameters) x tokens, plus
         attention. The vocabulary projection counts only where it runs: on the predicted
         positions (``mask_prob``) in masked-LM training, on every position under sequence
-        parallelism, not at all for task heads."""
+        parallelism and for a causal LM, not at all for task heads. Decoders: see :func:`decoder_flops`."""
+        if self.model.head == "causal_lm":
+            return decoder_flops(self.model.config, tokens, s)
         m = self.cfg.model
         h, layers = m["hidden_size"], m["num_hidden_layers"]
         head = 0.0
