@@ -243,6 +243,37 @@ def _prepare_moe() -> None:
 
     moe_utils.maybe_move_tensor_to_cpu = to_host
     dispatcher.maybe_move_tensor_to_cpu = to_host
+    _uneven_collectives()
+
+
+def _uneven_collectives() -> None:
+    """gloo has no all_gather / reduce_scatter of pieces of different sizes, which megatron's MoE all-to-all
+    dispatcher uses over the tensor-parallel group (each TP rank routes a different number of tokens to the
+    local experts). Uneven gathers become an all-gather of pieces padded to the largest, uneven
+    reduce-scatters an all-reduce of the whole tensor followed by this rank's slice: the same values."""
+    import megatron.core.tensor_parallel.mappings as mappings
+
+    gather, scatter = mappings._gather_along_first_dim, mappings._reduce_scatter_along_first_dim
+
+    def gather_uneven(input_, group, output_split_sizes=None, use_global_buffer=False):
+        if output_split_sizes is None or group.size() == 1:
+            return gather(input_, group, output_split_sizes, use_global_buffer)
+        sizes = [int(n) for n in output_split_sizes]
+        padded = input_.new_zeros((max(sizes), *input_.shape[1:]))
+        padded[: input_.shape[0]] = input_
+        pieces = [torch.empty_like(padded) for _ in sizes]
+        torch.distributed.all_gather(pieces, padded.contiguous(), group=group)
+        return torch.cat([piece[:n] for piece, n in zip(pieces, sizes)])
+
+    def scatter_uneven(input_, group, input_split_sizes=None, use_global_buffer=False):
+        if input_split_sizes is None or group.size() == 1:
+            return scatter(input_, group, input_split_sizes, use_global_buffer)
+        total = input_.contiguous().clone()
+        torch.distributed.all_reduce(total, group=group)
+        return list(torch.split(total, [int(n) for n in input_split_sizes]))[group.rank()].contiguous()
+
+    mappings._gather_along_first_dim = gather_uneven
+    mappings._reduce_scatter_along_first_dim = scatter_uneven
 
 
 @contextlib.contextmanager

@@ -216,7 +216,9 @@ class PretrainedModel(torch.nn.Module):
         micro = [{k: v[i * mbs:(i + 1) * mbs] for k, v in batch.items()} for i in range(n)]
 
         def step(data_iterator, chunk):
-            return chunk(**next(data_iterator)), None
+            # the "loss" handed to the schedule is a placeholder (forward only); the outputs dict is what
+            # it stores. A tensor is needed there: with MoE megatron reads its device for the aux-loss scale.
+            return chunk(**next(data_iterator)), lambda out: (torch.zeros((), device=distributed.device()), out)
 
         iters = [iter(micro) for _ in self.chunks] if lay.vpp else iter(micro)
         with cpu.device_mode():

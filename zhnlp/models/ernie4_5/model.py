@@ -71,8 +71,13 @@ def transformer_config(arch: Ernie4_5Config, *, tp: int = 1, pp: int = 1, vpp: i
         arch.check_experts(ep, etp, tp)
         options.update(moe_options(arch))
     options.update(run_options)
+    if arch.is_moe:
+        # megatron refuses linear biases with MoE at etp > 1 because its routed experts would carry them; ours
+        # never do (zhnlp.models.common.moe.RoutedExperts), so the check runs without and the biases follow.
+        options["add_bias_linear"] = False
     config = TransformerConfig(**options)
     if arch.is_moe:  # read by zhnlp.models.common.moe (megatron has no fields for them)
+        config.add_bias_linear = arch.use_bias
         config.moe_router_norm_min = arch.moe_norm_min
         config.zhnlp_shared_expert_size = arch.shared_expert_size
     return config
