@@ -7,9 +7,10 @@
 """
 
 from zhnlp.tokenizers.auto import AutoTokenizer
+from zhnlp.tokenizers.ernie4_5 import load_ernie4_5_tokenizer, train_ernie4_5_tokenizer
 from zhnlp.tokenizers.sentencepiece import load_sentencepiece, train_sentencepiece
 from zhnlp.tokenizers.train import add_cli, train_wordpiece
 from zhnlp.tokenizers.wordpiece import WordPieceTokenizer, read_vocab
 
-__all__ = ["AutoTokenizer", "WordPieceTokenizer", "add_cli", "load_sentencepiece", "read_vocab",
-           "train_sentencepiece", "train_wordpiece"]
+__all__ = ["AutoTokenizer", "WordPieceTokenizer", "add_cli", "load_ernie4_5_tokenizer", "load_sentencepiece",
+           "read_vocab", "train_ernie4_5_tokenizer", "train_sentencepiece", "train_wordpiece"]

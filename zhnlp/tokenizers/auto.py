@@ -6,7 +6,12 @@ What the directory holds decides the tokenizer:
   switches read from ``tokenizer_config.json`` (``do_lower_case`` defaults to True);
 * ``tokenizer.json`` from any other tokenizer (e.g. a SentencePiece model zhnlp trained and
   saved): loaded verbatim by transformers' generic fast tokenizer;
+* the ERNIE 4.5 layout (``tokenizer.model`` with ERNIE 4.5's ``tokenizer_config.json``, ``added_tokens.json``
+  and chat template, see :mod:`zhnlp.tokenizers.ernie4_5`): the ids, special tokens and template of
+  transformers' own ERNIE 4.5 tokenizer, without running the repository's ``tokenization_ernie4_5.py``;
 * a SentencePiece ``*.model`` alone: converted with :func:`zhnlp.tokenizers.sentencepiece.load_sentencepiece`.
+
+No repository code is ever executed: ``trust_remote_code=True`` is refused.
 """
 
 from __future__ import annotations
@@ -97,8 +102,21 @@ class AutoTokenizer:
         ``normalize_fullwidth``, ``model_max_length``, special tokens, ...). Unknown names and
         unreachable hub repos raise :class:`zhnlp.ModelNotFoundError` naming the fix.
         """
+        if kwargs.pop("trust_remote_code", False):
+            raise TokenizerError("zhnlp never runs code from a model repository (trust_remote_code=True was asked): "
+                                 "every tokenizer it supports, ERNIE 4.5's included, is built from the repository's "
+                                 "data files (tokenizer.model, tokenizer_config.json, ...) and no tokenization_*.py "
+                                 "is executed; drop trust_remote_code.")
         directory = _tokenizer_dir(name_or_path, revision)
         config = _read_config(directory)
+        from zhnlp.tokenizers.ernie4_5 import is_ernie4_5_layout
+
+        if is_ernie4_5_layout(directory, config) and not (directory / "tokenizer.json").is_file():
+            from zhnlp.tokenizers.ernie4_5 import load_ernie4_5_tokenizer
+
+            tokenizer = load_ernie4_5_tokenizer(directory, **kwargs)
+            tokenizer.name_or_path = os.fspath(name_or_path)
+            return tokenizer
         tokenizer_class = config.get("tokenizer_class")
         vocab_txt = directory / "vocab.txt"
         tokenizer_json = directory / "tokenizer.json"

@@ -54,9 +54,10 @@ def read_model_proto(model_file: str | os.PathLike):
     return proto
 
 
-def build_backend(model_file: str | os.PathLike, proto=None) -> Tokenizer:
+def build_backend(model_file: str | os.PathLike, proto=None, *, template: bool = True) -> Tokenizer:
     """The Rust ``tokenizers.Tokenizer`` equivalent of a SentencePiece model (unigram or BPE), with the
-    ``[CLS] A [SEP] B [SEP]`` template when the model has bos/eos pieces."""
+    ``[CLS] A [SEP] B [SEP]`` template when ``template`` and the model has bos/eos pieces (``template=False``:
+    the text's pieces only, as ERNIE 4.5's tokenizer encodes)."""
     from transformers.convert_slow_tokenizer import SpmConverter
 
     proto = proto if proto is not None else read_model_proto(model_file)
@@ -71,7 +72,7 @@ def build_backend(model_file: str | os.PathLike, proto=None) -> Tokenizer:
                              "'unigram' or 'bpe' model.")
     backend = SpmConverter.build_tokenizer_from_spm_proto(proto, vocab)
     cls, sep = proto.trainer_spec.bos_id, proto.trainer_spec.eos_id
-    if 0 <= cls < len(pieces) and 0 <= sep < len(pieces):
+    if template and 0 <= cls < len(pieces) and 0 <= sep < len(pieces):
         cls_piece, sep_piece = pieces[cls][0], pieces[sep][0]
         backend.post_processor = processors.TemplateProcessing(
             single=f"{cls_piece}:0 $A:0 {sep_piece}:0",
