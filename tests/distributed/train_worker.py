@@ -1,5 +1,5 @@
-"""Run under torchrun: train ernie-debug for a few steps under the layout on the command line and
-write the per-step losses and gradient norms (``OUT/<tag>.json``, from the logging rank)."""
+"""Run under torchrun: train a recipe (ernie-debug unless --recipe) for a few steps under the layout on the
+command line and write the per-step losses and gradient norms (``OUT/<tag>.json``, from the logging rank)."""
 
 import argparse
 import json
@@ -25,11 +25,14 @@ def main() -> int:
     ap.add_argument("--sp", action="store_true")
     ap.add_argument("--recompute", default=None)
     ap.add_argument("--distributed-optimizer", action="store_true")
+    ap.add_argument("--recipe", default="ernie-debug")
+    ap.add_argument("--reset-attention", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(1)
-    cfg = override(recipe("ernie-debug"), prefix=args.data, steps=args.steps, tp=args.tp, pp=args.pp, vpp=args.vpp,
+    cfg = override(recipe(args.recipe), prefix=args.data, steps=args.steps, tp=args.tp, pp=args.pp, vpp=args.vpp,
                    sequence_parallel=args.sp or None, recompute=args.recompute,
-                   distributed_optimizer=args.distributed_optimizer or None, output=str(args.out / args.tag))
+                   distributed_optimizer=args.distributed_optimizer or None, output=str(args.out / args.tag),
+                   reset_attention=args.reset_attention or None)
     cfg.data.seq_length = 32
     trainer = Trainer(cfg)
     history = trainer.train()

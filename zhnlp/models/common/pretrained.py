@@ -137,9 +137,19 @@ class PretrainedModel(torch.nn.Module):
                     value = torch.empty(shape, dtype=torch.float32).normal_(0.0, std, generator=gen)
                     if name.endswith("word_embeddings.weight") or name == "output_layer.weight":
                         value[self.config.vocab_size:] = 0  # vocabulary padding rows
-                    if dim is not None:
+                    if dim is not None and self._gated(local):
+                        # SwiGLU's fused [gate; up]: each rank holds [gate_r; up_r], not a slice of the whole
+                        half = p.shape[dim] // 2
+                        value = torch.cat([v.narrow(dim, self.layout.tp_rank * half, half)
+                                           for v in value.chunk(2, dim=dim)], dim=dim)
+                    elif dim is not None:
                         value = value.narrow(dim, self.layout.tp_rank * p.shape[dim], p.shape[dim])
                     p.copy_(value)
+
+    def _gated(self, local: str) -> bool:
+        """Whether parameter ``local`` is a gated MLP's fused first projection (megatron's ``linear_fc1``
+        with ``gated_linear_unit``), whose TP shards interleave the gate and up halves."""
+        return self.transformer_config.gated_linear_unit and local.endswith("linear_fc1.weight")
 
     # ------------------------------------------------------------------ forward
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, task_type_ids=None,

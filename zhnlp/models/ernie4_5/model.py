@@ -21,6 +21,7 @@ from megatron.core import parallel_state, tensor_parallel
 from megatron.core.enums import ModelType
 from megatron.core.models.common.embeddings.rotary_pos_embedding import RotaryEmbedding
 from megatron.core.models.common.language_module.language_module import LanguageModule
+from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_block import (TransformerBlock, TransformerBlockSubmodules,
                                                          get_num_layers_to_build)
 from megatron.core.transformer.transformer_layer import get_transformer_layer_offset
@@ -225,12 +226,13 @@ class Ernie4_5Model(LanguageModule):
         return out
 
 
-class _WordEmbedding(torch.nn.Module):
-    """Vocabulary-parallel word embedding, output ``(s, b, h)`` (scattered under sequence parallelism)."""
+class _WordEmbedding(MegatronModule):
+    """Vocabulary-parallel word embedding, output ``(s, b, h)`` (scattered under sequence parallelism).
+    A MegatronModule so that distributed checkpoints reach the embedding's own sharded state (split by
+    vocabulary over TP) instead of saving every rank's slice as if it were the whole."""
 
     def __init__(self, config, vocab_size: int):
-        super().__init__()
-        self.config = config
+        super().__init__(config=config)
         self.word_embeddings = tensor_parallel.VocabParallelEmbedding(
             vocab_size, config.hidden_size, init_method=config.init_method, config=config)
 
