@@ -47,6 +47,7 @@ _LAZY = {
     "TrainerState": "zhnlp.training.callbacks",
     "ModelCard": "zhnlp.cards",
     "Segmenter": "zhnlp.tokenizers.segment",
+    "TextStreamer": "zhnlp.pipelines.streaming",
     "finetune": "zhnlp.training.finetune",
     "list_models": "zhnlp.cards",
     "pipeline": "zhnlp.pipelines",

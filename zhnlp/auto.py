@@ -70,6 +70,7 @@ class _Auto:
                 arch = family.config_class.from_dict(arch.to_dict(), **config_overrides)
         else:
             family = family_for_model_type(raw.get("model_type"), source)
+            _check_head(family, cls, raw.get("model_type"), source)
             _check_overrides(family.config_class, raw, config_overrides)
             arch = family.config_class.from_dict(raw, source=source, **config_overrides)
         params_dtype = loading.pick_dtype(dtype, torch_dtype, raw, lambda: _first_weight_dtype(directory))
@@ -122,6 +123,19 @@ def _run_options(dtype: torch.dtype, sequence_parallel: bool) -> dict:
                              "call zhnlp.distributed.init(tp=2, ...) first or drop it.")
         options["sequence_parallel"] = True
     return options
+
+
+def _check_head(family, cls, model_type, source: str) -> None:
+    """Refuse a head the family does not have (a decoder head on an encoder, an encoder head on a decoder)."""
+    if cls.head not in family.bridge.HEAD_PARTS:
+        from zhnlp.errors import CheckpointError
+
+        fits = [c.__name__ for c in _Auto.__subclasses__() if c.head in family.bridge.HEAD_PARTS]
+        what = ("a decoder (causal LM) such as ERNIE 4.5 (model_type ernie4_5 or ernie4_5_moe)" if cls.head ==
+                "causal_lm" else f"a model family with the {cls.head} head")
+        raise CheckpointError(f"{source}: model_type {model_type!r} has no {cls.head} head in zhnlp, so "
+                              f"{cls.__name__} cannot load it; it needs {what}. This model loads with "
+                              f"{', '.join(fits) or 'no zhnlp Auto class'}.")
 
 
 def _check_overrides(config_class, raw: dict, overrides: dict) -> None:

@@ -48,6 +48,8 @@ COMMANDS = {
     "export": ("write a training checkpoint as a transformers model directory", "zhnlp.training.export:add_cli"),
     "evaluate": ("score predictions against a dataset (CMRC2018 EM/F1)", "zhnlp.metrics.command:add_cli"),
     "predict": ("run an inference pipeline; one JSON result per line", "zhnlp.pipelines.command:add_cli"),
+    "generate": ("generate text with a decoder model (ERNIE 4.5), streamed as it comes",
+                 "zhnlp.pipelines.generate_command:add_cli"),
 }
 
 

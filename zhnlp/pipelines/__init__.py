@@ -8,6 +8,8 @@
     ner = zhnlp.pipeline("ner", "path/to/ner-model", aggregation_strategy="simple")
     ner("王小明在北京工作")                     # [{"entity_group": "PER", "score": ..., "word": "王小明", ...}, ...]
     zhnlp.pipeline("word-segmentation")("我来到北京清华大学")
+    chat = zhnlp.pipeline("text-generation", "path/to/ernie-4.5-model")
+    chat([{"role": "user", "content": "你好"}], max_new_tokens=64)  # [{"generated_text": [..., {"role": "assistant"...
 
 Results use transformers' keys with transformers' meanings (NER ``entity``/``entity_group``, fill-mask ``token``
 the id and ``token_str`` the text, ...); where zhnlp differs (Chinese-friendly ``word``/``sequence`` without
@@ -30,13 +32,14 @@ TASKS = {
     "ner": "zhnlp.pipelines.token_classification:TokenClassificationPipeline",
     "fill-mask": "zhnlp.pipelines.fill_mask:FillMaskPipeline",
     "word-segmentation": "zhnlp.pipelines.word_segmentation:WordSegmentationPipeline",
+    "text-generation": "zhnlp.pipelines.text_generation:TextGenerationPipeline",
 }
 # transformers' names and PaddleNLP Taskflow's (underscores); Taskflow's information_extraction (UIE) is not a
 # zhnlp task.
 ALIASES = {"text-classification": "sentiment-analysis", "token-classification": "ner",
            "sentiment_analysis": "sentiment-analysis", "text_classification": "sentiment-analysis",
            "token_classification": "ner", "question_answering": "question-answering", "fill_mask": "fill-mask",
-           "word_segmentation": "word-segmentation"}
+           "word_segmentation": "word-segmentation", "text_generation": "text-generation"}
 
 
 # Taskflow tasks without a zhnlp pipeline, named in the unknown-task error
@@ -67,8 +70,10 @@ def pipeline(task: str, model=None, *, tokenizer=None, batch_size: int = 8, max_
 
     Args:
         task: ``"sentiment-analysis"`` (alias ``"text-classification"``), ``"question-answering"``, ``"ner"``
-            (alias ``"token-classification"``), ``"fill-mask"`` or ``"word-segmentation"``; PaddleNLP Taskflow's
-            spellings (``"sentiment_analysis"``, ``"word_segmentation"``, ``"question_answering"``, ...) too.
+            (alias ``"token-classification"``), ``"fill-mask"``, ``"word-segmentation"`` or ``"text-generation"``
+            (a decoder such as ERNIE 4.5, see :class:`~zhnlp.pipelines.text_generation.TextGenerationPipeline`);
+            PaddleNLP Taskflow's spellings (``"sentiment_analysis"``, ``"word_segmentation"``,
+            ``"question_answering"``, ...) too.
         model: a directory written by ``save_pretrained`` (zhnlp or transformers), a model name from
             ``zhnlp.list_models()`` or a hub repo id, loaded with the task's Auto class; or a zhnlp model
             object (``zhnlp.AutoModelFor...from_pretrained(...)``) with the task's head. A name that cannot be
@@ -89,7 +94,9 @@ def pipeline(task: str, model=None, *, tokenizer=None, batch_size: int = 8, max_
             ``function_to_apply`` (classification), ``top_k`` and ``targets`` (fill-mask),
             ``aggregation_strategy``, ``ignore_labels`` and ``stride`` (NER), ``top_k``,
             ``handle_impossible_answer``, ``doc_stride``, ``max_answer_len`` and ``max_query_len`` (QA),
-            ``hmm`` and ``userdict`` (word segmentation); see each task's class for what each result key means.
+            ``hmm`` and ``userdict`` (word segmentation), ``max_new_tokens``, ``do_sample``, ``temperature``,
+            ``top_k``, ``top_p``, ``repetition_penalty``, ``return_full_text`` and ``streamer`` (text generation);
+            see each task's class for what each result key means.
     """
     cls = pipeline_class(task)
     if torch_dtype is not None:

@@ -209,13 +209,16 @@ def train_ernie4_5_tokenizer(corpus_files: list[str | os.PathLike], output_dir: 
     out.mkdir(parents=True, exist_ok=True)
     prefix = out / Path(MODEL_FILE).stem
     spm.set_random_generator_seed(seed)
-    spm.SentencePieceTrainer.train(
-        input=files, model_prefix=os.fspath(prefix), vocab_size=vocab_size, model_type=model_type,
-        character_coverage=character_coverage, byte_fallback=byte_fallback,
-        input_sentence_size=input_sentence_size, shuffle_input_sentence=True,
-        max_sentence_length=max_sentence_length, num_threads=num_threads or os.cpu_count() or 1,
-        unk_id=0, bos_id=1, eos_id=2, pad_id=-1, unk_piece="<unk>", bos_piece="<s>", eos_piece="</s>",
-        user_defined_symbols=MODEL_PIECES, minloglevel=2)
+    try:
+        spm.SentencePieceTrainer.train(
+            input=files, model_prefix=os.fspath(prefix), vocab_size=vocab_size, model_type=model_type,
+            character_coverage=character_coverage, byte_fallback=byte_fallback,
+            input_sentence_size=input_sentence_size, shuffle_input_sentence=True,
+            max_sentence_length=max_sentence_length, num_threads=num_threads or os.cpu_count() or 1,
+            unk_id=0, bos_id=1, eos_id=2, pad_id=-1, unk_piece="<unk>", bos_piece="<s>", eos_piece="</s>",
+            user_defined_symbols=MODEL_PIECES, minloglevel=2)
+    except RuntimeError as e:  # sentencepiece reports bad settings (vocabulary too small, ...) this way
+        raise TokenizerError(f"SentencePiece training failed: {e}") from None
     (out / (prefix.name + ".vocab")).unlink(missing_ok=True)  # the real layout has no .vocab file
     pieces = spm.SentencePieceProcessor(model_file=os.fspath(out / MODEL_FILE)).get_piece_size()
     config = {**SPECIAL_TOKENS, **NAMED_SPECIAL_TOKENS, "additional_special_tokens": None,
