@@ -71,8 +71,8 @@ class _Auto:
         else:
             family = family_for_model_type(raw.get("model_type"), source)
             _check_head(family, cls, raw.get("model_type"), source)
-            _check_overrides(family.config_class, raw, config_overrides)
             arch = family.config_class.from_dict(raw, source=source, **config_overrides)
+            _check_overrides(type(arch), raw, config_overrides)  # the class model_type picked (dense or MoE)
         params_dtype = loading.pick_dtype(dtype, torch_dtype, raw, lambda: _first_weight_dtype(directory))
         loading.place(target)
         distributed.layout()  # a world of one when the user did not call zhnlp.distributed.init

@@ -109,3 +109,33 @@ def test_moe_layout_errors_name_the_sizes(tmp_path):
     with pytest.raises(LayoutError, match=r"moe_intermediate_size=12 is not divisible by the expert tensor-parallel "
                                           r"size etp=5"):
         arch.check_experts(1, 5, 1)
+
+
+def test_moe_metrics_count_the_routed_tokens_and_the_aux_loss(tmp_path):
+    """Tokens per expert over the steps since the last call (each token goes to moe_k experts), the auxiliary
+    load-balancing loss megatron computed (1.0 = perfectly even), and a reset after each call."""
+    from zhnlp.models.common.pretrained import PretrainedModel
+    from zhnlp.models.ernie4_5 import FAMILY, Ernie4_5Config
+
+    hf_moe_model("moe_shared").save_pretrained(tmp_path / "hf")
+    arch = Ernie4_5Config.from_json_file(tmp_path / "hf" / "config.json")
+    model = PretrainedModel.from_checkpoint(FAMILY, arch, "causal_lm", tmp_path / "hf", moe_aux_loss_coeff=0.01)
+    model.train()
+    batch = inputs()
+    routers = [m for m in model.chunks[0].modules() if hasattr(m, "e_score_correction_bias")]
+    for _ in range(2):
+        model(**batch).loss.backward()
+    counts = [r.tokens_per_expert.clone() for r in routers]
+    assert all(int(c.sum()) == 2 * 30 * 2 for c in counts)  # 2 steps x 30 tokens (padding routed too) x top-2
+    report = model.moe_metrics()
+    assert report["moe_tokens_per_expert_min"] == [int(c.min()) for c in counts]
+    assert report["moe_tokens_per_expert_max"] == [int(c.max()) for c in counts]
+    assert report["moe_max_over_mean"] == pytest.approx(max(float(c.max() / c.mean()) for c in counts))
+    assert 1.0 <= report["moe_aux_loss"] < 4.0  # E * sum(f_i * p_i): 1 when even, at most E
+    after = model.moe_metrics()
+    assert after["moe_tokens_per_expert_max"] == [0, 0, 0]
+    model.eval()
+    with torch.no_grad():
+        model(**batch)
+    assert model.moe_metrics()["moe_tokens_per_expert_max"] == [0, 0, 0]  # evaluation is not counted
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "hf", moe_k=3).config.moe_k == 3  # MoE overrides

@@ -82,8 +82,14 @@ class CorrectedSoftmaxRouter(TopKRouter):
             probs = self._apply_aux_loss(probs, aux_scores, aux_map, with_padding_mask=masked)
             probs = self._apply_seq_aux_loss(probs, aux_scores, aux_map, seq, bsz, with_padding_mask=masked)
             probs = self._apply_global_aux_loss(probs, aux_scores, aux_map, with_padding_mask=masked)
-        self.last_tokens_per_expert = routing_map.sum(dim=0).detach()  # (E,) for the MoE metrics
+        if self.training:  # tokens each expert received since the last moe_metrics() (this rank's tokens)
+            counts = routing_map.sum(dim=0).detach().float()  # (E,)
+            self.tokens_per_expert = counts if self.tokens_per_expert is None else self.tokens_per_expert + counts
+            self.batches_routed += 1
         return probs, routing_map
+
+    tokens_per_expert = None
+    batches_routed = 0
 
 
 class RoutedExperts(SequentialMLP):
@@ -115,6 +121,48 @@ class SharedExpertsMoE(MoELayer):
             shared, shared_bias = self.shared_experts(hidden_states)
             output = output + shared + (shared_bias if shared_bias is not None else 0)
         return output, bias
+
+
+def moe_metrics(model) -> dict:
+    """MoE figures of the training steps since the last call (collective: every rank calls it): per MoE layer the
+    fewest and most tokens an expert received (over the whole global batch: all data-parallel ranks, all
+    sequence-parallel shards) as ``moe_tokens_per_expert_min/max`` (lists by MoE layer, in layer order) and the
+    worst ratio ``moe_max_over_mean``; with an auxiliary loss, its value per step averaged over the MoE layers
+    (``moe_aux_loss``, before the coefficient). Empty for a model without experts."""
+    import torch.distributed as dist
+    from megatron.core.transformer.moe.moe_utils import (clear_aux_losses_tracker,
+                                                         get_moe_layer_wise_logging_tracker)
+
+    arch, lay = model.config, model.layout
+    if not getattr(arch, "is_moe", False):
+        return {}
+    counts = torch.zeros(arch.num_hidden_layers, arch.moe_num_experts)
+    batches = torch.zeros(arch.num_hidden_layers)  # micro-batches routed, per layer (summed over ranks)
+    # TP ranks without sequence parallelism route the same tokens: count them once
+    counted = model.transformer_config.sequence_parallel or lay.tp_rank == 0
+    for chunk in model.chunks:
+        for layer in chunk.encoder.layers:
+            router = getattr(layer.mlp, "router", None)
+            if router is not None and router.tokens_per_expert is not None:
+                if counted:
+                    counts[layer.layer_number - 1] = router.tokens_per_expert
+                batches[layer.layer_number - 1] = router.batches_routed
+                router.tokens_per_expert, router.batches_routed = None, 0
+    dist.all_reduce(counts)
+    dist.all_reduce(batches)
+    moe = counts[arch.moe_layers]  # (moe layers, E)
+    out = {"moe_tokens_per_expert_min": [int(x) for x in moe.min(dim=1).values],
+           "moe_tokens_per_expert_max": [int(x) for x in moe.max(dim=1).values],
+           "moe_max_over_mean": float((moe.max(dim=1).values / moe.mean(dim=1).clamp(min=1e-9)).max())}
+    tracker = get_moe_layer_wise_logging_tracker()
+    if "load_balancing_loss" in tracker:
+        # (layers,): each rank's sum over its micro-batches; mean over every rank's micro-batches, then layers
+        values = tracker["load_balancing_loss"]["values"].detach().float().cpu().clone()
+        dist.all_reduce(values)
+        layers = arch.moe_layers
+        out["moe_aux_loss"] = float((values[layers] / batches[layers].clamp(min=1)).mean())
+        clear_aux_losses_tracker()
+    return out
 
 
 def moe_mlp_spec() -> ModuleSpec:

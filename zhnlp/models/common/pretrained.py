@@ -314,6 +314,15 @@ class PretrainedModel(torch.nn.Module):
         """The parameters' dtype."""
         return self.transformer_config.params_dtype
 
+    def moe_metrics(self) -> dict:
+        """Mixture-of-experts figures since the last call (tokens per expert min/max per MoE layer, the
+        auxiliary loss): see :func:`zhnlp.models.common.moe.moe_metrics`. Collective; empty without experts."""
+        if not getattr(self.config, "is_moe", False):
+            return {}
+        from zhnlp.models.common.moe import moe_metrics
+
+        return moe_metrics(self)
+
     def num_parameters(self, only_trainable: bool = False, exclude_embeddings: bool = False) -> int:
         """Parameters of the whole model (every TP shard and PP stage), counted as transformers counts the
         same model: the vocabulary without its padding rows, tied weights once."""
