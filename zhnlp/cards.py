@@ -37,13 +37,42 @@ class ModelCard:
 
     @property
     def parameters(self) -> int:
-        """Parameter count of the encoder (embeddings + layers + pooler), from the config."""
+        """Parameter count from the config: an encoder's embeddings + layers + pooler, or a decoder's
+        (ERNIE 4.5, dense or MoE) embeddings + layers + final norm + untied output layer."""
         c = self.config
+        if c["model_type"] in ("ernie4_5", "ernie4_5_moe"):
+            return decoder_parameters(c)
         h, f, n = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"]
         emb = (c["vocab_size"] + c["max_position_embeddings"] + c.get("type_vocab_size", 0)
                + (c.get("task_type_vocab_size", 0) if c.get("use_task_id") else 0)) * h + 2 * h
         layer = 4 * h * h + 4 * h + 2 * h * f + f + h + 4 * h
         return emb + n * layer + h * h + h
+
+
+def decoder_parameters(c: dict) -> int:
+    """Parameters of an ERNIE 4.5 decoder described by config.json fields ``c`` (transformers' names)."""
+    h, n, vocab = c["hidden_size"], c["num_hidden_layers"], c["vocab_size"]
+    heads = c["num_attention_heads"]
+    kv, hd = c.get("num_key_value_heads") or heads, c.get("head_dim") or h // heads
+    bias = bool(c.get("use_bias"))
+    attention = h * hd * (heads + 2 * kv) + heads * hd * h + (hd * (heads + 2 * kv) + h if bias else 0)
+
+    def swiglu(width: int) -> int:  # gate, up (h -> width) and down (width -> h)
+        return 3 * h * width + (2 * width + h if bias else 0)
+
+    total = vocab * h * (1 if c.get("tie_word_embeddings", True) else 2) + h  # embeddings (+ output), final norm
+    for layer in range(n):
+        mlp = swiglu(c["intermediate_size"])
+        if c["model_type"] == "ernie4_5_moe":
+            end = c.get("moe_layer_end_index", -1)
+            end = n - 1 if end == -1 else end
+            if (layer + 1) % c.get("moe_layer_interval", 1) == 0 and c.get("moe_layer_start_index", 0) <= layer <= end:
+                experts, width = c["moe_num_experts"], c["moe_intermediate_size"]
+                shared = c.get("moe_num_shared_experts", 0)
+                # routed experts (no biases), the router's weight and correction bias, the shared experts
+                mlp = experts * 3 * h * width + experts * h + experts + (swiglu(width * shared) if shared else 0)
+        total += attention + mlp + 2 * h  # two RMSNorms
+    return total
 
 
 def cards_dir() -> Path:
