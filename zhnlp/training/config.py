@@ -46,6 +46,8 @@ class ParallelConfig:
     sequence_parallel: bool = _f(False, "split activations along the sequence over the TP ranks (needs tp >= 2)")
     ep: int = _f(1, "expert-parallel size: the experts of each MoE layer are split over this many ranks "
                     "(mixture-of-experts models only)", check=positive)
+    etp: int | None = _f(None, "expert tensor-parallel size: each expert's MLP split this many ways (default: tp; "
+                               "etp=1 lets tp*ep exceed the number of processes)", check=positive)
 
 
 @dataclass
@@ -223,7 +225,7 @@ class RunConfig:
             if arch is not None:
                 arch.check_layout(p.tp, p.pp, p.vpp)
                 if moe:
-                    arch.check_experts(p.ep, p.tp, p.tp)
+                    arch.check_experts(p.ep, p.etp or p.tp, p.tp)
         except LayoutError as e:
             problems.append(str(e).removeprefix("this model does not fit the parallel layout: ").rstrip("."))
         if problems:
@@ -296,6 +298,20 @@ def decoder_recipe(name: str, model: dict, *, steps: int, lr: float, warmup: int
 
 ERNIE45_0_3B = decoder_arch(18, 1024, 16, 2, 3072, head_dim=128, vocab=103424, positions=131072)
 
+
+def _moe(experts: int, k: int, width: int, shared: int, start: int) -> dict:
+    """ERNIE 4.5's MoE fields (model_type ernie4_5_moe): MoE on every layer from ``start`` on."""
+    return dict(model_type="ernie4_5_moe", moe_num_experts=experts, moe_k=k, moe_intermediate_size=width,
+                moe_num_shared_experts=shared, moe_layer_start_index=start, moe_layer_end_index=-1,
+                moe_layer_interval=1, moe_norm_min=1e-12, router_aux_loss_coef=0.001)
+
+
+# the real shapes (see zhnlp/model_cards/ernie-4.5-21b-a3b-pt.md and -300b-a47b-pt.md for the sources)
+ERNIE45_21B_A3B = decoder_arch(28, 2560, 20, 4, 12288, head_dim=128, vocab=103424, positions=131072,
+                               **_moe(64, 6, 1536, 2, 1))
+ERNIE45_300B_A47B = decoder_arch(54, 8192, 64, 8, 28672, head_dim=128, vocab=103424, positions=131072,
+                                 **_moe(64, 8, 3584, 0, 3))
+
 RECIPES = {
     "ernie-debug": ernie_debug,
     "ernie-tiny": ernie_tiny,
@@ -311,7 +327,7 @@ RECIPES = {
                             "heads of 16, FFN 128, BERT-Chinese vocabulary); dropout-free, so every layout gives the "
                             "same losses."),
     "ernie4.5-tiny": decoder_recipe(
-        "ernie4.5-tiny", decoder_arch(4, 128, 4, 2, 384, head_dim=32), steps=300, lr=2e-3, warmup=30, seq=128,
+        "ernie4.5-tiny", decoder_arch(4, 128, 4, 2, 384, head_dim=32), steps=200, lr=2e-3, warmup=20, seq=128,
         micro=8, global_batch=16, doc="A small dense ERNIE 4.5 decoder that learns visibly in 2-3 minutes on 2 CPU "
                                       "processes (4 layers, hidden 128, 4/2 heads of 32, FFN 384)."),
     "ernie4.5-0.3b": decoder_recipe(
@@ -321,6 +337,28 @@ RECIPES = {
             "Suggested layouts: 8 x 80 GB GPUs: data parallel (tp=1, --distributed-optimizer, micro batch 2, "
             "--precision bf16); tp=2 (kv heads 2 allow at most tp=2) once the micro batch no longer fits; "
             "pp is rarely worth it at this size (18 layers: pp=2, 3, 6 or 9)."),
+    "ernie4.5-moe-debug": decoder_recipe(
+        "ernie4.5-moe-debug", decoder_arch(4, 64, 4, 2, 128, head_dim=16, **_moe(4, 2, 32, 1, 1)), steps=20, lr=1e-3,
+        warmup=2, seq=64, micro=2, global_batch=8,
+        doc="A tiny ERNIE 4.5 mixture of experts for tests: the ernie4.5-debug shape with 4 experts of width 32, "
+            "top-2, one shared expert, layer 0 dense; dropout-free and without auxiliary loss by default, so EP=2 "
+            "(and TP=2 x EP=2) give the same losses as one process."),
+    "ernie4.5-21b-a3b": decoder_recipe(
+        "ernie4.5-21b-a3b", ERNIE45_21B_A3B, steps=100_000, lr=3e-4, warmup=2000, seq=4096, micro=1, global_batch=1024,
+        doc="ERNIE-4.5-21B-A3B's shape: 28 layers (layer 0 dense, FFN 12288), hidden 2560, 20 query / 4 key-value "
+            "heads of 128, 64 routed experts of width 1536 (top-6) + 2 shared, vocabulary 103,424, tied; ~21B "
+            "parameters, ~3B active per token. Suggested layout, 16 x 80 GB GPUs (2 nodes) in bf16: ep=8 "
+            "(8 experts per rank), tp=1, pp=2, the distributed optimizer, --moe-aux-loss-coeff 1e-3, micro batch 1; "
+            "tp=2 (with --sequence-parallel, which MoE with TP needs) if attention activations do not fit."),
+    "ernie4.5-300b-a47b": decoder_recipe(
+        "ernie4.5-300b-a47b", ERNIE45_300B_A47B, steps=100_000, lr=2e-4, warmup=2000, seq=4096, micro=1,
+        global_batch=2048,
+        doc="ERNIE-4.5-300B-A47B's shape: 54 layers (layers 0-2 dense, FFN 28672), hidden 8192, 64 query / 8 "
+            "key-value heads of 128, 64 routed experts of width 3584 (top-8), no shared experts, vocabulary "
+            "103,424; ~300B parameters, ~47B active per token (tie_word_embeddings is reported both ways by "
+            "public copies of its config.json: check the real file). Suggested layout, 256 x 80 GB GPUs (32 nodes) "
+            "in bf16: tp=8 with --sequence-parallel inside a node, ep=8, pp=4 (vpp=2), the distributed "
+            "optimizer, --recompute selective."),
 }
 
 
