@@ -27,18 +27,23 @@ def main() -> int:
     ap.add_argument("--distributed-optimizer", action="store_true")
     ap.add_argument("--recipe", default="ernie-debug")
     ap.add_argument("--reset-attention", action="store_true")
+    ap.add_argument("--ep", type=int, default=None)
+    ap.add_argument("--etp", type=int, default=None)
+    ap.add_argument("--moe-aux-loss-coeff", type=float, default=None)
     args = ap.parse_args()
     torch.set_num_threads(1)
     cfg = override(recipe(args.recipe), prefix=args.data, steps=args.steps, tp=args.tp, pp=args.pp, vpp=args.vpp,
                    sequence_parallel=args.sp or None, recompute=args.recompute,
                    distributed_optimizer=args.distributed_optimizer or None, output=str(args.out / args.tag),
-                   reset_attention=args.reset_attention or None)
+                   reset_attention=args.reset_attention or None, ep=args.ep, etp=args.etp,
+                   moe_aux_loss_coeff=args.moe_aux_loss_coeff)
     cfg.data.seq_length = 32
     trainer = Trainer(cfg)
     history = trainer.train()
     if dist.get_rank() == trainer.logging_rank:
         (args.out / f"{args.tag}.json").write_text(json.dumps(
-            {"loss": [m["loss"] for m in history], "grad_norm": [m["grad_norm"] for m in history]}))
+            {"loss": [m["loss"] for m in history], "grad_norm": [m["grad_norm"] for m in history],
+             "moe": [{k: v for k, v in m.items() if k.startswith("moe_")} for m in history]}))
     return 0
 
 

@@ -137,7 +137,7 @@ class Trainer:
         p, o = cfg.parallel, cfg.optimizer
         dtype = DTYPES[cfg.precision]
         self.cfg = cfg
-        self.layout = lay = distributed.init(tp=p.tp, pp=p.pp, vpp=p.vpp, ep=p.ep, seed=cfg.seed)
+        self.layout = lay = distributed.init(tp=p.tp, pp=p.pp, vpp=p.vpp, ep=p.ep, etp=p.etp, seed=cfg.seed)
         cfg.check(lay.world_size)
         run = run_options(cfg)
         if model is None:

@@ -126,10 +126,13 @@ class PretrainedModel(torch.nn.Module):
                 elif "layernorm" in name:
                     p.fill_(1.0)
                 else:
-                    # draw the full (unsplit) tensor, then keep this rank's shard of it
+                    # draw the full (unsplit) tensor, then keep this rank's shard of it; routed experts are
+                    # split by the expert tensor-parallel group (and named by their global expert index)
                     dim, shape = dims[local], list(p.shape)
+                    tp, tp_rank = ((self.layout.etp, self.layout.etp_rank) if engine.is_expert(local)
+                                   else (self.layout.tp, self.layout.tp_rank))
                     if dim is not None:
-                        shape[dim] *= self.layout.tp
+                        shape[dim] *= tp
                     # the tied MLM decoder on a last stage must start equal to the word embeddings
                     tied = getattr(self.config, "tie_word_embeddings", True)  # the encoders' MLM decoder is tied
                     source = "embedding.word_embeddings.weight" if name == "output_layer.weight" and tied else name
@@ -140,10 +143,10 @@ class PretrainedModel(torch.nn.Module):
                     if dim is not None and self._gated(local):
                         # SwiGLU's fused [gate; up]: each rank holds [gate_r; up_r], not a slice of the whole
                         half = p.shape[dim] // 2
-                        value = torch.cat([v.narrow(dim, self.layout.tp_rank * half, half)
+                        value = torch.cat([v.narrow(dim, tp_rank * half, half)
                                            for v in value.chunk(2, dim=dim)], dim=dim)
                     elif dim is not None:
-                        value = value.narrow(dim, self.layout.tp_rank * p.shape[dim], p.shape[dim])
+                        value = value.narrow(dim, tp_rank * p.shape[dim], p.shape[dim])
                     p.copy_(value)
 
     def _gated(self, local: str) -> bool:
