@@ -143,6 +143,28 @@ def test_sampling_is_repeatable_with_a_seed(ours):
     assert ours(PROMPTS[1], **options) == first
 
 
+def test_generation_config_sets_the_defaults_as_in_transformers(model_dir, tmp_path, ours, capsys):
+    import shutil
+
+    copy = tmp_path / "sampling"
+    shutil.copytree(model_dir, copy)
+    # what ERNIE-4.5-0.3B-Base ships (frequency/presence penalties are not transformers options: ignored)
+    (copy / "generation_config.json").write_text(json.dumps({
+        "do_sample": True, "top_p": 0.8, "temperature": 0.8, "bos_token_id": 1, "eos_token_id": 2,
+        "pad_token_id": 0, "repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0}))
+    sampling = zhnlp.pipeline("text-generation", copy)
+    assert {k: sampling.options[k] for k in ("do_sample", "top_p", "temperature", "top_k")} == {
+        "do_sample": True, "top_p": 0.8, "temperature": 0.8, "top_k": 50}
+    greedy = zhnlp.pipeline("text-generation", copy, do_sample=False)  # the caller's choice wins
+    assert greedy(PROMPTS[0], max_new_tokens=6) == ours(PROMPTS[0], max_new_tokens=6)
+    assert main(["generate", "--model", str(copy), "--greedy", PROMPTS[0], "--max-new-tokens", "6"]) == 0
+    assert capsys.readouterr().out == ours(PROMPTS[0], max_new_tokens=6, return_full_text=False)[0][
+        "generated_text"] + "\n"
+    (copy / "generation_config.json").write_text("[1]")
+    with pytest.raises(CheckpointError, match="generation_config.json holds a JSON list, not an object"):
+        zhnlp.pipeline("text-generation", copy)
+
+
 def test_pipeline_errors(ours, model_dir):
     with pytest.raises(ValueError, match="the prompt is empty"):
         ours("   ")

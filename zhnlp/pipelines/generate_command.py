@@ -7,7 +7,9 @@
 Only the generated text is written (not the prompt), followed by a newline; it equals the text-generation
 pipeline's ``generated_text`` with ``return_full_text=False``. ``--chat`` renders the prompt as one user
 message (after ``--system``, if given) with the tokenizer's chat template, as the pipeline does for a chat.
-Greedy decoding unless ``--do-sample``. This module imports nothing heavy until the command runs.
+Flags left out keep the model's ``generation_config.json`` (ERNIE-4.5-0.3B-Base's asks for sampling with top-p
+0.8 and temperature 0.8), else greedy decoding; ``--greedy`` forces greedy. This module
+imports nothing heavy until the command runs.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from zhnlp.argtypes import integer, number, positive
+from zhnlp.argtypes import integer, number
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -37,9 +39,13 @@ def _run(args: argparse.Namespace) -> int:
         inputs = ([{"role": "system", "content": args.system}] if args.system is not None else []) + [
             {"role": "user", "content": prompt}]
     streamer = TextStreamer(generator.tokenizer, skip_prompt=True)
-    generator(inputs, max_new_tokens=args.max_new_tokens, do_sample=args.do_sample, temperature=args.temperature,
-              top_k=args.top_k, top_p=args.top_p, repetition_penalty=args.repetition_penalty, streamer=streamer,
-              return_full_text=False)
+    # flags left out keep the pipeline's defaults (the model's generation_config.json, else transformers')
+    given = {key: value for key, value in (("max_new_tokens", args.max_new_tokens), ("temperature", args.temperature),
+                                           ("top_k", args.top_k), ("top_p", args.top_p),
+                                           ("repetition_penalty", args.repetition_penalty)) if value is not None}
+    if args.do_sample or args.greedy:
+        given["do_sample"] = args.do_sample
+    generator(inputs, streamer=streamer, return_full_text=False, **given)
     return 0
 
 
@@ -50,13 +56,19 @@ def add_cli(subparsers) -> None:
     p.add_argument("prompt", help="the text to continue (with --chat: the user's message); - reads stdin")
     p.add_argument("--model", required=True, help="a model directory (save_pretrained / transformers format), a "
                                                   "model name from `zhnlp models` or a hub repo id")
-    p.add_argument("--max-new-tokens", type=integer(0), default=128, help="most tokens to generate (default 128)")
-    p.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
-    p.add_argument("--temperature", type=number(0, None, low_open=True), default=1.0, help="sampling temperature")
-    p.add_argument("--top-k", type=positive, default=None, help="sample among the k most probable tokens")
+    p.add_argument("--max-new-tokens", type=integer(0), default=None,
+                   help="most tokens to generate (default: the model's generation_config.json, else 256)")
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--do-sample", action="store_true", help="sample instead of greedy decoding")
+    mode.add_argument("--greedy", action="store_true",
+                      help="greedy decoding even where the model's generation_config.json asks for sampling")
+    p.add_argument("--temperature", type=number(0, None, low_open=True), default=None,
+                   help="sampling temperature (default 1.0)")
+    p.add_argument("--top-k", type=integer(0), default=None, help="sample among the k most probable tokens "
+                                                                   "(default 50, 0: off)")
     p.add_argument("--top-p", type=number(0, 1, low_open=True), default=None, help="nucleus sampling mass")
-    p.add_argument("--repetition-penalty", type=number(0, None, low_open=True), default=1.0,
-                   help="penalise tokens already present (1.0: none)")
+    p.add_argument("--repetition-penalty", type=number(0, None, low_open=True), default=None,
+                   help="penalise tokens already present (default 1.0: none)")
     p.add_argument("--chat", action="store_true", help="apply the tokenizer's chat template (prompt = user message)")
     p.add_argument("--system", default=None, help="system message for --chat")
     p.add_argument("--seed", type=integer(0), default=None, help="seed torch's generator (repeatable sampling)")

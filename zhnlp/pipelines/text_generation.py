@@ -37,11 +37,14 @@ class TextGenerationPipeline(Pipeline):
     (the eos token and padding never show).
 
     Options, given to ``model.generate``: ``max_new_tokens`` (256, transformers' pipeline default),
-    ``do_sample`` (False: greedy, token-identical to transformers), ``temperature``, ``top_k``, ``top_p``,
-    ``repetition_penalty``, ``eos_token_id`` / ``pad_token_id`` (default: the model's config), ``streamer``
-    (an object with ``put``/``end`` such as :class:`zhnlp.TextStreamer`; inputs then run one at a time).
-    Also ``return_full_text``, ``skip_special_tokens``, ``continue_final_message``. Sampling draws from torch's
-    generator: call ``torch.manual_seed`` first for a repeatable draw.
+    ``do_sample`` (False: greedy, token-identical to transformers), ``temperature`` (1.0), ``top_k`` (50, as in
+    transformers; 0 or None: off), ``top_p``, ``repetition_penalty``, ``eos_token_id`` / ``pad_token_id``
+    (default: the model's config), ``streamer`` (an object with ``put``/``end`` such as
+    :class:`zhnlp.TextStreamer`; inputs then run one at a time). Also ``return_full_text``,
+    ``skip_special_tokens``, ``continue_final_message``. As in transformers, the model directory's
+    ``generation_config.json`` replaces these defaults where it sets them (ERNIE-4.5-0.3B-Base's asks for sampling
+    with top-p 0.8 and temperature 0.8); options given to the pipeline or per call win. Sampling draws from torch's generator: call
+    ``torch.manual_seed`` first for a repeatable draw.
 
     Prompts of one batch (``batch_size``) are left-padded together; a prompt plus ``max_new_tokens`` must fit
     in the model's ``max_position_embeddings``.
@@ -50,9 +53,45 @@ class TextGenerationPipeline(Pipeline):
     task = "text-generation"
     auto_class = "AutoModelForCausalLM"
     head = "causal-LM head"
-    default_options = {"max_new_tokens": 256, "do_sample": False, "temperature": 1.0, "top_k": None, "top_p": None,
+    default_options = {"max_new_tokens": 256, "do_sample": False, "temperature": 1.0, "top_k": 50, "top_p": None,
                        "repetition_penalty": 1.0, "eos_token_id": None, "pad_token_id": None, "streamer": None,
                        "return_full_text": True, "skip_special_tokens": True, "continue_final_message": None}
+
+    def __init__(self, model=None, **kwargs):
+        given = set(kwargs)
+        super().__init__(model, **kwargs)
+        # the checkpoint's generation_config.json sets the defaults the caller left alone, as in transformers
+        saved = {k: v for k, v in self._saved_generation_config().items() if k not in given}
+        if saved:
+            self.options = {**self.options, **saved}
+            self.check_options(self.options)
+
+    def _saved_generation_config(self) -> dict:
+        """The generation options in the model directory's ``generation_config.json`` ({} when there is none)."""
+        import json
+        import os
+
+        from zhnlp import hub
+        from zhnlp.errors import CheckpointError
+
+        name = getattr(self.model, "name_or_path", "") or ""
+        if not name:
+            return {}
+        directory = hub.resolve(name) if not os.path.isdir(name) else name
+        file = os.path.join(directory, "generation_config.json")
+        if not os.path.isfile(file):
+            return {}
+        try:
+            with open(file, encoding="utf-8") as f:
+                saved = json.load(f)
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise CheckpointError(f"{file} is not valid JSON ({e}); fix or delete it (the defaults are then "
+                                  f"transformers').") from None
+        if not isinstance(saved, dict):
+            raise CheckpointError(f"{file} holds a JSON {type(saved).__name__}, not an object; fix or delete it.")
+        keys = ("max_new_tokens", "do_sample", "temperature", "top_k", "top_p", "repetition_penalty",
+                "eos_token_id", "pad_token_id")
+        return {k: saved[k] for k in keys if saved.get(k) is not None}
 
     def __call__(self, inputs, **options):
         if is_chat(inputs):
@@ -87,8 +126,9 @@ class TextGenerationPipeline(Pipeline):
         n = options["max_new_tokens"]
         if not isinstance(n, int) or isinstance(n, bool) or n < 0:
             raise ValueError(f"max_new_tokens must be an integer >= 0, got {n!r}.")
-        if options["top_k"] is not None and not is_positive_int(options["top_k"]):
-            raise ValueError(f"top_k must be a positive integer or None, got {options['top_k']!r}.")
+        top_k = options["top_k"]
+        if top_k is not None and not (is_positive_int(top_k) or top_k == 0) or isinstance(top_k, bool):
+            raise ValueError(f"top_k must be an integer >= 0 (0 or None: no top-k filtering), got {top_k!r}.")
         top_p = options["top_p"]
         if top_p is not None and not (isinstance(top_p, (int, float)) and 0 < top_p <= 1):
             raise ValueError(f"top_p must be in (0, 1] or None, got {top_p!r}.")
