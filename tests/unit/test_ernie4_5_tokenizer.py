@@ -165,3 +165,21 @@ def test_tokenizer_class_alone_or_model_type_alone_selects_the_layout(layout, tm
     assert tok("你好世界")["input_ids"] == layout["ours"]("你好世界")["input_ids"]  # no [CLS]/[SEP] template
     assert ernie4_5.is_ernie4_5_layout(layout["dir"], {"tokenizer_class": "Ernie4_5_Tokenizer"})
     assert not ernie4_5.is_ernie4_5_layout(tmp_path, {})
+
+
+def test_tokenizer_command_writes_the_layout(layout, tmp_path, capsys):
+    from zhnlp.cli import main
+
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_text("\n".join(layout["texts"][:3000]), encoding="utf-8")
+    out = tmp_path / "tok"
+    assert main(["tokenizer", "train-ernie4_5", str(corpus), "-o", str(out), "--vocab-size", "3000",
+                 "--character-coverage", "0.99", "--input-sentence-size", "3000"]) == 0
+    assert "ERNIE 4.5 tokenizer files (3000 pieces, 3006 tokens" in capsys.readouterr().out
+    tok = zhnlp.AutoTokenizer.from_pretrained(out)
+    assert tok.cls_token == "<|begin_of_sentence|>" and tok.chat_template == ernie4_5.CHAT_TEMPLATE
+    assert main(["tokenizer", "train-ernie4_5", str(corpus), "-o", str(out)]) == 2  # refuses to overwrite
+    assert "--overwrite" in capsys.readouterr().err
+    assert main(["tokenizer", "train-ernie4_5", str(corpus), "-o", str(tmp_path / "small"), "--vocab-size",
+                 "20"]) == 2
+    assert "SentencePiece training failed" in capsys.readouterr().err

@@ -106,8 +106,24 @@ def _train_sentencepiece_cmd(args: argparse.Namespace) -> int:
     return 0
 
 
+def _train_ernie4_5_cmd(args: argparse.Namespace) -> int:
+    from zhnlp.fileio import refuse_existing
+    from zhnlp.tokenizers.ernie4_5 import MODEL_FILE, train_ernie4_5_tokenizer
+
+    check_corpus(args.corpus)
+    refuse_tokenizer_output(args.output_dir, args.overwrite)
+    refuse_existing([Path(args.output_dir) / MODEL_FILE], overwrite=args.overwrite, flag="--output-dir",
+                    what="a tokenizer")
+    tok = train_ernie4_5_tokenizer(args.corpus, args.output_dir, vocab_size=args.vocab_size,
+                                   model_type=args.model_type, character_coverage=args.character_coverage,
+                                   input_sentence_size=args.input_sentence_size)
+    print(f"wrote {Path(args.output_dir) / MODEL_FILE} and the ERNIE 4.5 tokenizer files ({tok.vocab_size} pieces, "
+          f"{len(tok)} tokens with the added ones)")
+    return 0
+
+
 def add_cli(subparsers) -> None:
-    """Register ``tokenizer train-wordpiece`` and ``tokenizer train-sentencepiece`` on ``subparsers``."""
+    """Register ``tokenizer train-wordpiece``, ``train-sentencepiece`` and ``train-ernie4_5`` on ``subparsers``."""
     tok = subparsers.add_parser("tokenizer", help="train tokenizers on a Chinese corpus")
     sub = tok.add_subparsers(dest="tokenizer_command", required=True)
 
@@ -130,3 +146,15 @@ def add_cli(subparsers) -> None:
     p.add_argument("--input-sentence-size", type=positive, default=2_000_000, help="lines sampled for training")
     p.add_argument("--overwrite", action="store_true", help="replace a tokenizer already in --output-dir")
     p.set_defaults(func=_train_sentencepiece_cmd)
+
+    p = sub.add_parser("train-ernie4_5", help="SentencePiece model in the ERNIE 4.5 layout (special tokens, chat "
+                                              "template, added tokens)")
+    p.add_argument("corpus", nargs="+", help="plain-text corpus files, one sentence or paragraph a line")
+    p.add_argument("-o", "--output-dir", required=True)
+    p.add_argument("--vocab-size", type=integer(16), default=32000, help="SentencePiece pieces (specials included)")
+    p.add_argument("--model-type", choices=["bpe", "unigram"], default="bpe")
+    p.add_argument("--character-coverage", type=number(0, 1, low_open=True), default=0.9995,
+                   help="the rest of the characters become UTF-8 byte pieces")
+    p.add_argument("--input-sentence-size", type=positive, default=2_000_000, help="lines sampled for training")
+    p.add_argument("--overwrite", action="store_true", help="replace a tokenizer already in --output-dir")
+    p.set_defaults(func=_train_ernie4_5_cmd)
