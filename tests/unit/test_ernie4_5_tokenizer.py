@@ -57,6 +57,7 @@ def test_layout_files_are_the_ernie45_ones(layout):
     assert type(layout["theirs"]).__name__ == "TokenizersBackend"  # transformers' forced fast path for ernie4_5
 
 
+@pytest.mark.slow  # ~15 s on an idle 2-core machine: 92,000 texts through both tokenizers
 def test_every_corpus_text_gets_transformers_ids(layout):
     ours, theirs, texts = layout["ours"], layout["theirs"], layout["texts"]
     assert len(texts) > 90_000
