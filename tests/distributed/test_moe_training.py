@@ -71,3 +71,38 @@ def test_aux_loss_is_trained_and_logged(corpus, single):
     assert all(1.0 <= a < 4.0 for a in aux), aux  # E * sum(f_i p_i): 1 when even, at most E
     metrics = [json.loads(line) for line in (corpus / "aux" / "metrics.jsonl").read_text().splitlines()]
     assert [m["moe_aux_loss"] for m in metrics] == pytest.approx(aux)
+
+
+def test_expert_parallel_checkpoint_resumes_and_exports(corpus, single):
+    """A checkpoint written at EP=2 (each rank saves its experts) resumes to the losses of the uninterrupted run
+    (on one process: the same losses at every layout), and `zhnlp export` of it gives a directory transformers' MoE model loads
+    with the trained weights (its loss on a batch equals zhnlp's)."""
+    import subprocess
+    import sys
+
+    import torch
+    import transformers
+
+    import zhnlp
+
+    from tests.tiny_decoder import inputs
+
+    main = ("-m", "zhnlp")  # torchrun -m zhnlp pretrain ...
+    out = corpus / "ep2-saved"
+    common = ["pretrain", "--recipe", "ernie4.5-moe-debug", "--data", corpus / "data", "--seq-length", "32",
+              "--output", out, "--save-interval", "5"]
+    torchrun(Path(main[0]), 2, main[1], *common, "--ep", "2", "--steps", "10")
+    shutil.rmtree(out / "checkpoints" / "step_0000010")  # as if stopped after step 5's checkpoint
+    torchrun(Path(main[0]), 2, main[1], *common, "--ep", "2", "--steps", "10", "--resume")
+    logged = [json.loads(line)["loss"] for line in (out / "metrics.jsonl").read_text().splitlines()]
+    assert logged[-5:] == pytest.approx(single["loss"][5:], abs=1e-5)
+    subprocess.run([sys.executable, "-m", "zhnlp", "export", str(out), str(corpus / "exported")], check=True,
+                   capture_output=True)
+    hf = transformers.Ernie4_5_MoeForCausalLM.from_pretrained(corpus / "exported").eval()
+    zh = zhnlp.AutoModelForCausalLM.from_pretrained(corpus / "exported")
+    batch = inputs()
+    batch = {k: v % 1000 + 1000 if k == "input_ids" else v for k, v in batch.items()}
+    batch["labels"] = batch["input_ids"].masked_fill(batch["attention_mask"] == 0, -100)
+    with torch.no_grad():
+        assert float(zh(**batch).loss) == pytest.approx(float(hf(**batch).loss), abs=1e-5)
+    assert hf.model.layers[1].mlp.experts.gate_up_proj.abs().sum() > 0

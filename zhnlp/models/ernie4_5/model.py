@@ -102,6 +102,9 @@ def moe_options(arch) -> dict:
         moe_token_dispatcher_type="alltoall",
         moe_grouped_gemm=False,
         moe_permute_fusion=False,
+        # dense and MoE layers differ in their parameters: distributed checkpoints key each layer on its own
+        # (megatron stacks homogeneous layers along one axis, which dense layer 0 + MoE layers are not)
+        hetereogenous_dist_checkpoint=True,
     )
 
 
