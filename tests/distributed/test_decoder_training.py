@@ -1,10 +1,10 @@
 """Causal-LM pretraining of the dense ERNIE 4.5 decoder (recipe ernie4.5-debug) on the engine: from the same
 initial weights and packed data, 10 steps give the same losses (fp32, within 1e-5) and gradient norms on one
 process and under TP=2, TP=2 x PP=2 and DP=2 with the distributed optimizer (attention across documents), and
-TP=2 with sequence parallelism and PP=2 with virtual stages (reset attention: per-document masks and positions). Checkpoints:
-stop and --resume reproduces the uninterrupted run exactly, a TP=2 checkpoint resumes at PP=2, and `zhnlp
-export` gives a directory transformers' Ernie4_5ForCausalLM loads, whose loss on the next global batch is the
-loss the resumed run logged for it."""
+TP=2 with sequence parallelism and PP=2 with virtual stages (reset attention: per-document masks and
+positions). Checkpoints: stop and --resume reproduces the uninterrupted run exactly, a TP=2 checkpoint resumes
+at PP=2, and `zhnlp export` gives a directory transformers' Ernie4_5ForCausalLM loads, whose loss on the next
+global batch is the loss the run logged for it."""
 
 import json
 import shutil
@@ -72,6 +72,7 @@ def test_layout_gives_the_same_losses(causal_corpus, references, name, nproc, ar
 
 
 def test_resume_reshard_and_export(causal_corpus, tmp_path):
+    import numpy as np
     import torch
     import transformers
 
@@ -94,7 +95,7 @@ def test_resume_reshard_and_export(causal_corpus, tmp_path):
     tok = transformers.AutoTokenizer.from_pretrained(out)
     assert type(hf).__name__ == "Ernie4_5ForCausalLM" and tok.convert_ids_to_tokens(hf.config.eos_token_id) == "[SEP]"
     ds = CausalLMDataset(data, 32, seed=1234)  # ernie4.5-debug's seed; --seq-length 32, global batch 8
-    batch = torch.as_tensor([ds[i]["input_ids"] for i in range(3 * 8, 4 * 8)])  # step 4's global batch
+    batch = torch.as_tensor(np.stack([ds[i]["input_ids"] for i in range(3 * 8, 4 * 8)]))  # step 4: its global batch
     with torch.no_grad():
         loss = hf(batch, labels=batch).loss
     assert float(loss) == pytest.approx(full[4], abs=1e-5)  # what step 4 computed with the step-3 weights
