@@ -9,6 +9,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from zhnlp import distributed
 from zhnlp.training import override, recipe
 from zhnlp.training.trainer import Trainer
 
@@ -44,6 +45,7 @@ def main() -> int:
         (args.out / f"{args.tag}.json").write_text(json.dumps(
             {"loss": [m["loss"] for m in history], "grad_norm": [m["grad_norm"] for m in history],
              "moe": [{k: v for k, v in m.items() if k.startswith("moe_")} for m in history]}))
+    distributed.shutdown()
     return 0
 
 

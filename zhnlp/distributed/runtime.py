@@ -14,6 +14,7 @@ is switched on; with CUDA the backend is NCCL and nothing is patched.
 
 from __future__ import annotations
 
+import atexit
 import datetime
 import os
 from dataclasses import dataclass
@@ -73,6 +74,17 @@ def _init_world(backend: str, timeout: datetime.timedelta) -> None:
     else:
         # A plain Python process: a world of one needs no rendezvous.
         dist.init_process_group(backend=backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+    # A script that ends without shutdown() would leave gloo's worker threads to the interpreter's teardown,
+    # which now and then aborts the process ("terminate called without an active exception") after a
+    # finished job: tear the groups down first.
+    atexit.register(_shutdown_at_exit)
+
+
+def _shutdown_at_exit() -> None:
+    try:
+        shutdown()
+    except Exception:  # the process is ending; a half-torn-down world must not mask its exit status
+        pass
 
 
 def init(
