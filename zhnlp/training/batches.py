@@ -40,9 +40,12 @@ class EpochBatches:
     """``batches(step)``: this data-parallel rank's micro-batches of global batch ``step``."""
 
     def __init__(self, features: list[dict], global_batch: int, micro_batch: int, seed: int, multiple: int = 8,
-                 pad_token_id: int = 0):
+                 pad_token_id: int = 0, collate=None):
+        """``collate(features, pad_to, pad_token_id) -> batch``: default :func:`collate_features` (packed chat
+        sequences bring their own, :func:`zhnlp.data.tasks.sft.collate_packed`)."""
         self.features, self.global_batch, self.micro_batch = features, global_batch, micro_batch
         self.seed, self.multiple, self.pad_token_id = seed, multiple, pad_token_id
+        self.collate = collate or collate_features
         self.steps_per_epoch = len(features) // global_batch
         if self.steps_per_epoch == 0:
             raise DataError(f"the training set has {len(features)} features, fewer than one batch of {global_batch}; "
@@ -59,7 +62,7 @@ class EpochBatches:
         lay = distributed.layout()  # the trainer has set up the process groups by the first step
         per_rank = self.global_batch // lay.dp
         mine = batch[lay.dp_rank * per_rank:(lay.dp_rank + 1) * per_rank]
-        return [collate_features(mine[i:i + self.micro_batch], pad_to, self.pad_token_id)
+        return [self.collate(mine[i:i + self.micro_batch], pad_to, self.pad_token_id)
                 for i in range(0, per_rank, self.micro_batch)]
 
 
@@ -94,6 +97,32 @@ def predict(model, features: list[dict], batch_size: int, multiple: int = 8, wha
             logger.info("evaluating %s: batch %d/%d (%d features, %.1f s)", what, n, total, len(features),
                         _now() - started)
     return {name: np.concatenate(rows) for name, rows in parts.items()}
+
+
+@torch.no_grad()
+def loss_over(model, features: list[dict], batch_size: int, multiple: int = 8, what: str = "dev",
+              pad_token_id: int = 0) -> dict[str, float]:
+    """The causal-LM loss of ``model`` over ``features`` (``input_ids``, ``labels``; any layout, every rank gets
+    the result) averaged over every target token of the split, not per batch -> ``{"loss", "tokens"}``."""
+    from zhnlp.data.tasks.sft import target_count
+
+    model.eval()
+    total, tokens = 0.0, 0
+    count = math.ceil(len(features) / batch_size)
+    every = max(1, count // 10)
+    started = _now()
+    for n, i in enumerate(range(0, len(features), batch_size), start=1):
+        chunk = features[i:i + batch_size]
+        batch = collate_features(chunk, pad_length(chunk, multiple), pad_token_id)
+        k = target_count(batch["labels"])
+        if k:
+            out = model(batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
+            total += float(out["loss"]) * k
+            tokens += k
+        if (n % every == 0 or n == count) and _logging_rank():
+            logger.info("evaluating %s: batch %d/%d (%d features, %.1f s)", what, n, count, len(features),
+                        _now() - started)
+    return {"loss": total / tokens if tokens else float("nan"), "tokens": tokens}
 
 
 def label_ids(features: list[dict], width: int):

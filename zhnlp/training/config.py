@@ -95,6 +95,9 @@ class DataConfig:
                                       "per document (default: packed windows attend across documents)")
     eod_mask_loss: bool = _f(False, "causal LM: no loss on predicting the token after an EOD (the next "
                                     "document's first token)")
+    per_token_loss: bool = _f(False, "causal LM: average the loss over every target token of the global batch "
+                                     "(all micro-batches and data-parallel ranks together) instead of averaging "
+                                     "per-micro-batch means; fine-tuning on conversations always does")
 
 
 @dataclass
@@ -221,6 +224,8 @@ class RunConfig:
         if arch is not None and self.head != "causal_lm" and (d.reset_attention or d.eod_mask_loss):
             problems.append("reset_attention and eod_mask_loss are causal-LM settings; this recipe's model is "
                             "pretrained with masked LM")
+        if arch is not None and self.head != "causal_lm" and d.per_token_loss:
+            problems.append("per_token_loss is a causal-LM setting (the masked-LM loss is averaged per micro-batch)")
         try:
             if arch is not None:
                 arch.check_layout(p.tp, p.pp, p.vpp)

@@ -1,4 +1,5 @@
-"""Task fine-tuning on the engine trainer: classification, reading comprehension, NER.
+"""Task fine-tuning on the engine trainer: classification, reading comprehension, NER, and supervised
+fine-tuning of the decoders on conversations (``sft``).
 
 ``finetune(FinetuneConfig(...))`` -- or ``zhnlp.finetune(task=..., model=..., train=dataset, ...)``
 -- loads a backbone with the task's head (``from_pretrained`` rules: a directory, a model-card
@@ -68,6 +69,17 @@ class Task:
         """-> (scores, predictions) from the model outputs over ``features`` (``reference``: what
         :meth:`read` left in ``self.reference`` for the split)."""
         raise NotImplementedError
+
+    def run_model(self, cfg: FinetuneConfig, model, features, what: str, pad_token_id: int) -> dict:
+        """The model's outputs over ``features`` that :meth:`score` reads (default: every output, batched)."""
+        from zhnlp.training.batches import predict
+
+        return predict(model, features, cfg.eval_batch_size, multiple=8 * cfg.tp, what=what,
+                       pad_token_id=pad_token_id)
+
+    def training_features(self, cfg: FinetuneConfig, features: list[dict]):
+        """-> (the features the training batches are cut from, their collate function or None for the default)."""
+        return features, None
 
 
 class ClassificationTask(Task):
@@ -192,7 +204,58 @@ class NERTask(Task):
         return entity_scores(tags, [e.tags for e in examples]), tags
 
 
-TASKS = {"classification": ClassificationTask, "mrc": MRCTask, "ner": NERTask}
+class SFTTask(Task):
+    """Supervised fine-tuning of a decoder on conversations (:mod:`zhnlp.data.tasks.sft`): the causal-LM loss on
+    the assistant's tokens only; the dev score is that loss over every target token of the dev set (and its
+    perplexity), lower is better."""
+
+    name, head, metric = "sft", "causal_lm", "loss"
+    max_length = 1024
+    _training = False
+
+    def configure(self, cfg):
+        cfg = super().configure(cfg)
+        return dataclasses.replace(cfg, metric_for_best_model=cfg.metric_for_best_model or "loss")
+
+    def read(self, source, labels, training=False, name=""):
+        from zhnlp.data.tasks.sft import read_sft, sft_from_rows
+
+        self._training = training
+        if isinstance(source, Path):
+            return read_sft(source), None
+        return sft_from_rows(source, name), None
+
+    def unlabelled(self, example) -> bool:
+        return False  # the reader refuses a conversation without an assistant message
+
+    def encode(self, cfg, tokenizer, examples, labels):
+        from zhnlp.data.tasks.sft import check_chat_template, encode_sft
+
+        check_chat_template(tokenizer, cfg.model)
+        features = encode_sft(tokenizer, examples, cfg.max_length, "--train" if self._training else "dev/test data")
+        if self._training:
+            self.left_out = len(examples) - len(features)
+        return features
+
+    def training_features(self, cfg, features):
+        if not cfg.packing:
+            return features, None
+        from zhnlp.data.tasks.sft import collate_packed, pack_conversations
+
+        return pack_conversations(features, cfg.max_length, cfg.seed), collate_packed
+
+    def run_model(self, cfg, model, features, what, pad_token_id):
+        from zhnlp.training.batches import loss_over
+
+        return loss_over(model, features, cfg.eval_batch_size, multiple=8 * cfg.tp, what=what,
+                         pad_token_id=pad_token_id)
+
+    def score(self, cfg, outputs, examples, features, labels, reference):
+        loss = outputs["loss"]
+        return {"loss": loss, "perplexity": float(np.exp(min(loss, 700.0))), "tokens": outputs["tokens"]}, None
+
+
+TASKS = {"classification": ClassificationTask, "mrc": MRCTask, "ner": NERTask, "sft": SFTTask}
 assert tuple(TASKS) == TASK_NAMES
 
 
@@ -262,6 +325,11 @@ def finetune(config: FinetuneConfig | None = None, *, train=None, dev=None, test
     cfg = task.configure(cfg)
     if cfg.oracle and task.name != "mrc":
         raise ZhnlpError("--oracle is for reading comprehension (zhnlp finetune mrc ...).")
+    if cfg.packing and task.name != "sft":
+        raise ZhnlpError("--packing is for supervised fine-tuning on conversations (zhnlp finetune sft ...).")
+    if compute_metrics is not None and task.name == "sft":
+        raise ZhnlpError("compute_metrics is not available for sft: its predictions would be every token's logits "
+                         "over the vocabulary; score the saved model (OUTPUT/model) separately.")
     if cfg.oracle and not any(v is not None for v in sources.values()):
         raise ZhnlpError("--oracle needs at least one of --train/--dev/--test.")
     for name, value in sources.items():
@@ -307,7 +375,7 @@ def load_split(task: Task, cfg: FinetuneConfig, tokenizer, source, labels, flag:
         raise DataError(f"{name} holds no examples.")
     missing = sum(task.unlabelled(e) for e in examples)
     if missing:
-        what = {"classification": "label", "mrc": "answer", "ner": "tags"}[task.name]
+        what = {"classification": "label", "mrc": "answer", "ner": "tags", "sft": "assistant message"}[task.name]
         raise DataError(f"{name}: {missing} of {len(examples)} examples have no {what}; training, dev and test files "
                         f"need one on every example (this looks like a file to predict on: use zhnlp predict).")
     examples = examples[:limit] if limit else examples

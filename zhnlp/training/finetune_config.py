@@ -12,10 +12,11 @@ from dataclasses import dataclass, field
 
 from zhnlp.argtypes import check_range, integer, non_negative, number, positive
 
-TASK_NAMES = ("classification", "mrc", "ner")
+TASK_NAMES = ("classification", "mrc", "ner", "sft")
 ALIASES = {"sentiment": "classification", "sentiment-analysis": "classification",
            "text-classification": "classification", "question-answering": "mrc", "cmrc2018": "mrc",
-           "reading-comprehension": "mrc", "token-classification": "ner"}
+           "reading-comprehension": "mrc", "token-classification": "ner", "chat": "sft",
+           "instruction-tuning": "sft"}
 PRECISIONS = ("fp32", "bf16", "fp16")
 
 
@@ -38,12 +39,13 @@ class FinetuneConfig:
     written by ``datasets``' ``save_to_disk``; in-memory data (a ``datasets.Dataset``, a
     ``DatasetDict``, a list of dicts) goes to :func:`zhnlp.finetune` beside the config."""
 
-    task: str = _f(None, "classification, mrc or ner (aliases: sentiment-analysis, text-classification, "
-                         "question-answering, cmrc2018, token-classification, ...)",
+    task: str = _f(None, "classification, mrc, ner or sft (aliases: sentiment-analysis, text-classification, "
+                         "question-answering, cmrc2018, token-classification, chat, ...)",
                    choices=TASK_NAMES + tuple(ALIASES), cli=False)
     model: str = _f(None, "model directory, model name or hub repo id to start from")
     train: str | None = _f(None, "training data: a file (classification: jsonl/TSV/CSV; mrc: SQuAD json; "
-                                 "ner: jsonl/CoNLL) or a save_to_disk dataset directory", check=_source)
+                                 "ner: jsonl/CoNLL; sft: jsonl of {\"messages\": [{\"role\", \"content\"}]}) or "
+                                 "a save_to_disk dataset directory", check=_source)
     dev: str | None = _f(None, "development data (file or save_to_disk directory), scored at every evaluation; "
                                "default: the validation split of a DatasetDict given as train", check=_source)
     test: str | None = _f(None, "test data (file or save_to_disk directory), scored once with the best model",
@@ -60,7 +62,7 @@ class FinetuneConfig:
                                             "default: batch size / data-parallel size", check=positive)
     eval_batch_size: int = _f(64, "features per forward pass when evaluating", check=positive)
     max_length: int | None = _f(None, "tokens per feature, special tokens included (mrc: per window); "
-                                      "default per task (128, mrc 512)", check=integer(8))
+                                      "default per task (128, mrc 512, sft 1024)", check=integer(8))
     doc_stride: int | None = _f(None, "mrc: tokens between context window starts (default min(128, half the "
                                       "context window))", check=positive)
     max_query_length: int | None = _f(None, "mrc: question tokens kept (default min(64, half of max length))",
@@ -68,6 +70,8 @@ class FinetuneConfig:
     max_answer_length: int = _f(256, "mrc: longest answer in tokens", check=positive)
     ner_stride: int | None = _f(None, "ner: sub-tokens shared by consecutive windows of a long sentence "
                                       "(default min(32, a quarter of the window))", check=non_negative)
+    packing: bool = _f(False, "sft: pack conversations into sequences of max length (attention and positions "
+                              "restart at each conversation) instead of padding each one")
     labels: list[str] | None = _f(None, "the label set, in order (default: the labels of the training data)",
                                   comma_list=True)
     label_names: list[str] | None = _f(None, "names for the labels, in the order of labels (the model's id2label)",
@@ -80,6 +84,9 @@ class FinetuneConfig:
     precision: str = _f("fp32", "parameter precision", choices=PRECISIONS)
     tp: int = _f(1, "tensor-parallel size", check=positive)
     pp: int = _f(1, "pipeline-parallel size", check=positive)
+    ep: int = _f(1, "expert-parallel size (mixture-of-experts models)", check=positive)
+    moe_aux_loss_coeff: float = _f(0.0, "weight of the router's load-balancing loss (mixture-of-experts models)",
+                                   check=number(0))
     log_interval: int = _f(10, "steps between training log lines", check=positive)
     oracle: bool = _f(False, "mrc: score the gold positions through windowing and span decoding (no training)")
     # ---- evaluation, best model, early stopping, checkpoints (transformers' TrainingArguments names)
@@ -104,7 +111,7 @@ class FinetuneConfig:
         for name in ("task", "model"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 raise ValueError(f"{name} is required: FinetuneConfig(task=..., model=...)")
-        for name in ("epochs", "batch_size", "eval_batch_size", "max_answer_length", "log_interval", "tp", "pp"):
+        for name in ("epochs", "batch_size", "eval_batch_size", "max_answer_length", "log_interval", "tp", "pp", "ep"):
             check_range(name, getattr(self, name), low=1)
         for name in ("micro_batch_size", "max_steps", "max_train_examples", "doc_stride", "max_query_length",
                      "eval_steps", "early_stopping_patience"):
@@ -120,6 +127,7 @@ class FinetuneConfig:
         check_range("lr", self.lr, "a number", low=0, low_open=True)
         check_range("warmup_ratio", self.warmup_ratio, "a number", 0, 1)
         check_range("weight_decay", self.weight_decay, "a number", low=0)
+        check_range("moe_aux_loss_coeff", self.moe_aux_loss_coeff, "a number", low=0)
         check_range("early_stopping_threshold", self.early_stopping_threshold, "a number", low=0)
         if self.dropout is not None:
             check_range("dropout", self.dropout, "a number", 0, 1, high_open=True)

@@ -40,18 +40,20 @@ from zhnlp.training.finetune import FinetuneConfig, Task, _atomic_json, _plain, 
 logger = logging.getLogger("zhnlp")
 
 
-def _run_config(cfg: FinetuneConfig, arch: dict, world_size: int, steps: int):
-    from zhnlp.training.config import (CheckpointConfig, DataConfig, LoggingConfig, OptimizerConfig,
+def _run_config(cfg: FinetuneConfig, arch: dict, world_size: int, steps: int, per_token_loss: bool = False):
+    from zhnlp.training.config import (CheckpointConfig, DataConfig, LoggingConfig, MoEConfig, OptimizerConfig,
                                        ParallelConfig, RunConfig)
 
     dp = max(world_size // (cfg.tp * cfg.pp), 1)
     micro = cfg.micro_batch_size or max(cfg.batch_size // dp, 1)
     return RunConfig(
         recipe=f"finetune-{cfg.task}", model=arch, steps=steps, seed=cfg.seed, precision=cfg.precision,
-        output=cfg.output, parallel=ParallelConfig(tp=cfg.tp, pp=cfg.pp),
+        output=cfg.output, parallel=ParallelConfig(tp=cfg.tp, pp=cfg.pp, ep=cfg.ep),
+        moe=MoEConfig(moe_aux_loss_coeff=cfg.moe_aux_loss_coeff),
         optimizer=OptimizerConfig(lr=cfg.lr, min_lr=0.0, warmup_steps=int(cfg.warmup_ratio * steps),
                                   decay_style="linear", weight_decay=cfg.weight_decay),
-        data=DataConfig(seq_length=cfg.max_length, micro_batch_size=micro, global_batch_size=cfg.batch_size),
+        data=DataConfig(seq_length=cfg.max_length, micro_batch_size=micro, global_batch_size=cfg.batch_size,
+                        per_token_loss=per_token_loss),
         logging=LoggingConfig(log_interval=cfg.log_interval),
         # checkpoints every save_steps come from the hook (after the evaluation of their step); the
         # trainer saves on a stop signal; resuming is done here, before the run's state is restored
@@ -85,6 +87,10 @@ def run_finetune(task: Task, cfg: FinetuneConfig, run_dir, sources: dict, comput
     tokenizer = AutoTokenizer.from_pretrained(directory)
     raw = hub.read_config_json(directory)
     family = family_for_model_type(raw.get("model_type"), str(directory / "config.json"))
+    if task.head not in family.bridge.HEAD_PARTS:
+        kinds = {"causal_lm": "a decoder (causal-LM) model such as ERNIE 4.5"}
+        raise ZhnlpError(f"{cfg.model} is a {raw.get('model_type')} model, which has no {task.head} head; "
+                         f"zhnlp finetune {task.name} needs {kinds.get(task.head, 'an encoder such as ERNIE 3.0')}.")
     check_tokenizer_fits(tokenizer, raw, str(directory))  # before any batch, not as an IndexError in one
     pad_id = tokenizer.pad_token_id or 0
 
@@ -101,18 +107,23 @@ def run_finetune(task: Task, cfg: FinetuneConfig, run_dir, sources: dict, comput
             raise ZhnlpError(f"label_names {names} do not match the {len(labels)} labels {labels}; give one name each.")
         overrides["id2label"] = dict(enumerate(names))
     if cfg.dropout is not None:
+        if "hidden_dropout_prob" not in {f.name for f in dataclasses.fields(family.config_class)}:
+            raise ZhnlpError(f"--dropout: {raw.get('model_type')} models have no dropout settings; drop --dropout.")
         overrides.update(hidden_dropout_prob=cfg.dropout, attention_probs_dropout_prob=cfg.dropout)
     arch = family.config_class.from_dict(raw, source=str(directory / "config.json"), **overrides)
 
     world = dist.get_world_size() if dist.is_initialized() else _env_world_size()
-    per_epoch = len(train_features) // cfg.batch_size
-    steps = per_epoch * cfg.epochs if cfg.max_steps is None else min(cfg.max_steps, per_epoch * cfg.epochs)
-    steps = max(steps, 1)
-    run = _run_config(cfg, arch.to_dict(), world, steps)
     from zhnlp.training.batches import EpochBatches
 
-    batches = EpochBatches(train_features, cfg.batch_size, run.data.micro_batch_size, cfg.seed,
-                           multiple=8 * cfg.tp, pad_token_id=pad_id)
+    batch_features, collate = task.training_features(cfg, train_features)  # sft --packing: packed sequences
+    per_epoch = len(batch_features) // cfg.batch_size
+    steps = per_epoch * cfg.epochs if cfg.max_steps is None else min(cfg.max_steps, per_epoch * cfg.epochs)
+    steps = max(steps, 1)
+    # conversations differ in their assistant tokens: the loss averages over the global batch's targets, so that
+    # every data-parallel layout and micro-batch size gives the same numbers
+    run = _run_config(cfg, arch.to_dict(), world, steps, per_token_loss=task.head == "causal_lm")
+    batches = EpochBatches(batch_features, cfg.batch_size, run.data.micro_batch_size, cfg.seed,
+                           multiple=8 * cfg.tp, pad_token_id=pad_id, collate=collate)
     trainer = Trainer(run, model=lambda options: PretrainedModel.from_checkpoint(
         family, arch, task.head, directory, seed=cfg.seed, **options), batches=batches,
         tokenizer_name=str(directory))
@@ -133,7 +144,8 @@ def run_finetune(task: Task, cfg: FinetuneConfig, run_dir, sources: dict, comput
 
     result = {"task": task.name, "model": cfg.model, "metric": task.metric, "metric_for_best_model": metric,
               "greater_is_better": greater, "labels": labels, "train_examples": len(train_examples),
-              "train_features": len(train_features), "train_left_out": task.left_out, "steps": steps,
+              "train_features": len(train_features), "train_sequences": len(batch_features),
+              "train_left_out": task.left_out, "steps": steps,
               "steps_per_epoch": per_epoch, "status": "running", "epochs": run_state["history"], "best_epoch": None,
               "best_step": None, "dev": None, "test": None,
               "data": {name: hf.describe(v) for name, v in sources.items()},
@@ -150,7 +162,7 @@ def run_finetune(task: Task, cfg: FinetuneConfig, run_dir, sources: dict, comput
 
     # what must not change between a run and its resumption (the batches and the schedule depend on it)
     identity = {"task": task.name, "steps": steps, "batch_size": cfg.batch_size, "seed": cfg.seed,
-                "train_features": len(train_features), "labels": labels}
+                "train_features": len(train_features), "labels": labels, "packing": cfg.packing}
 
     def checkpoint_state() -> dict:
         return _json_safe({**run_state, "trainer_state": state.to_dict(), "callbacks": handler.state_dict(),
@@ -199,7 +211,7 @@ def run_finetune(task: Task, cfg: FinetuneConfig, run_dir, sources: dict, comput
             state.best_metric, state.best_step = value, step
             run_state["best"] = entry
             _save_model(trainer.model, tokenizer, best_dir)
-            if rank0:
+            if rank0 and predictions is not None:
                 _atomic_json(out / "dev_predictions.json", predictions)
         handler("on_evaluate", metrics=scores)
         write("running")
@@ -238,7 +250,7 @@ def run_finetune(task: Task, cfg: FinetuneConfig, run_dir, sources: dict, comput
                                                 task.head, best_dir, **run_options(trainer.cfg))
         result["test"], predictions = _evaluate(task, cfg, final, test, labels, compute_metrics, "test", pad_id)
         result["test"] = _json_safe(result["test"])
-        if rank0:
+        if rank0 and predictions is not None:
             _atomic_json(out / "test_predictions.json", predictions)
     write("complete")
     handler("on_train_end")
@@ -259,10 +271,10 @@ def _agree(*flags: bool) -> tuple[bool, ...]:
 
 def _evaluate(task: Task, cfg: FinetuneConfig, model, split, labels, compute_metrics, what: str,
               pad_id: int) -> tuple[dict, object]:
-    from zhnlp.training.batches import label_ids, predict
+    from zhnlp.training.batches import label_ids
 
     examples, features, _, reference = split
-    outputs = predict(model, features, cfg.eval_batch_size, multiple=8 * cfg.tp, what=what, pad_token_id=pad_id)
+    outputs = task.run_model(cfg, model, features, what, pad_id)
     model.train()
     scores, predictions = task.score(cfg, outputs, examples, features, labels, reference)
     if compute_metrics is not None:

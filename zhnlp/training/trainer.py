@@ -40,6 +40,12 @@ def forward_step(data_iterator, model):
 
     def loss_func(output):
         loss = output["loss"]
+        if model.config.calculate_per_token_loss:
+            # causal LM over the global batch's target tokens: megatron sums (loss x targets) over the
+            # micro-batches and scales the gradients by the total target count of every data-parallel rank
+            count = (batch["labels"][:, 1:] != -100).sum().to(loss.device)
+            total = loss * count
+            return total, count.int(), {"loss": torch.stack([total.detach().float(), count.float()])}
         # a copy: the schedule divides the returned loss by the number of micro-batches in place
         return loss, {"loss": loss.detach().clone()}
 
@@ -63,6 +69,8 @@ def run_options(cfg: RunConfig) -> dict:
         run.update(dataclasses.asdict(cfg.moe))  # megatron's field names
     if dtype != torch.float32:  # half-precision weights; the optimizer keeps fp32 main copies
         run.update(params_dtype=dtype, bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16)
+    if cfg.data.per_token_loss:
+        run["calculate_per_token_loss"] = True
     if cfg.recompute == "full":
         run.update(recompute_granularity="full", recompute_method="uniform", recompute_num_layers=1)
     elif cfg.recompute == "selective":
@@ -259,7 +267,11 @@ class Trainer:
             ok, grad_norm, _ = self.optimizer.step()
             self.scheduler.step(increment=1)
         loss = torch.zeros(())
-        if losses:  # last pipeline stage: mean over micro-batches, then over data-parallel ranks
+        if losses and self.config.calculate_per_token_loss:  # (loss sum, targets) over micro-batches and ranks
+            total = torch.stack([x["loss"] for x in losses]).sum(0)
+            dist.all_reduce(total, group=self.dp_group)
+            loss = total[0] / total[1].clamp(min=1)
+        elif losses:  # last pipeline stage: mean over micro-batches, then over data-parallel ranks
             loss = torch.stack([x["loss"].float() for x in losses]).mean()
             dist.all_reduce(loss, group=self.dp_group)
             loss /= self.layout.dp
