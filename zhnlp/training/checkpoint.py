@@ -344,7 +344,7 @@ def save(trainer, keep: int = 3) -> Path:
     if dist.get_rank() == 0:
         info = {"step": trainer.step, "consumed_samples": trainer.step * trainer.cfg.data.global_batch_size,
                 "scheduler": trainer.scheduler.state_dict(), "layout": {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp,
-                                                                         "vpp": lay.vpp},
+                                                                         "vpp": lay.vpp, "ep": lay.ep, "etp": lay.etp},
                 "distributed_optimizer": distopt, "recipe": trainer.cfg.recipe, "model": trainer.cfg.model,
                 "tokenizer": trainer.tokenizer_name}
         extra = getattr(trainer, "checkpoint_state", None)
@@ -418,9 +418,14 @@ def load(trainer, path: Path) -> None:
                               "resume with the recipe that wrote it.")
     lay = trainer.layout
     saved = info["layout"]
-    same_layout = (saved["tp"], saved["pp"], saved["dp"], saved["vpp"]) == (lay.tp, lay.pp, lay.dp, lay.vpp)
+    # MoE: megatron keeps one optimizer per expert group (ChainedOptimizer) whose state layout follows ep/etp
+    # (a dense model's optimizer state reshards freely: etp, which defaults to tp, does not matter there)
+    moe = bool(getattr(trainer.cfg.architecture(), "is_moe", False))
+    same_experts = not moe or (saved.get("ep", 1), saved.get("etp", saved["tp"])) == (lay.ep, lay.etp)
+    same_layout = same_experts and (saved["tp"], saved["pp"], saved["dp"], saved["vpp"]) == (lay.tp, lay.pp, lay.dp,
+                                                                                             lay.vpp)
     distopt = info["distributed_optimizer"]
-    with_optimizer = not distopt and not trainer.cfg.optimizer.distributed_optimizer
+    with_optimizer = not distopt and not trainer.cfg.optimizer.distributed_optimizer and same_experts
     with cpu.device_mode():
         with unreadable_as_checkpoint_error(path):
             state = dist_checkpointing.load(_sharded_state(trainer, with_optimizer, loading=True), str(path / "model"))
@@ -441,7 +446,8 @@ def load(trainer, path: Path) -> None:
         else:
             if dist.get_rank() == 0:
                 logger.warning(f"{path} holds {'distributed-' if distopt else ''}optimizer state that cannot be "
-                               f"restored in this layout (saved tp={saved['tp']} pp={saved['pp']} dp={saved['dp']}); "
+                               f"restored in this layout (saved tp={saved['tp']} pp={saved['pp']} dp={saved['dp']}"
+                               f"{'' if same_experts else ' ep=' + str(saved.get('ep', 1))}); "
                                "the model resumes, the optimizer starts fresh.")
     trainer.scheduler.load_state_dict(info["scheduler"])
     trainer.step = info["step"]
