@@ -66,6 +66,20 @@ class EpochBatches:
                 for i in range(0, per_rank, self.micro_batch)]
 
 
+def _eval_batches(features: list[dict], batch_size: int, multiple: int, pad_token_id: int, what: str):
+    """The padded batches of ``features`` in order; progress (batches done / total) goes to the ``zhnlp``
+    logger at INFO, about ten lines a pass."""
+    total = math.ceil(len(features) / batch_size)
+    every = max(1, total // 10)
+    started = _now()
+    for n, i in enumerate(range(0, len(features), batch_size), start=1):
+        chunk = features[i:i + batch_size]
+        yield collate_features(chunk, pad_length(chunk, multiple), pad_token_id)
+        if (n % every == 0 or n == total) and _logging_rank():
+            logger.info("evaluating %s: batch %d/%d (%d features, %.1f s)", what, n, total, len(features),
+                        _now() - started)
+
+
 @torch.no_grad()
 def predict(model, features: list[dict], batch_size: int, multiple: int = 8, what: str = "dev",
             pad_token_id: int = 0) -> dict[str, np.ndarray]:
@@ -76,12 +90,7 @@ def predict(model, features: list[dict], batch_size: int, multiple: int = 8, wha
     model.eval()
     width = max(len(f["input_ids"]) for f in features)
     parts: dict[str, list[np.ndarray]] = {}
-    total = math.ceil(len(features) / batch_size)
-    every = max(1, total // 10)
-    started = _now()
-    for n, i in enumerate(range(0, len(features), batch_size), start=1):
-        chunk = features[i:i + batch_size]
-        batch = collate_features(chunk, pad_length(chunk, multiple), pad_token_id)
+    for batch in _eval_batches(features, batch_size, multiple, pad_token_id, what):
         out = model(batch["input_ids"], attention_mask=batch["attention_mask"],
                     token_type_ids=batch["token_type_ids"])
         for name, value in out.items():
@@ -93,9 +102,6 @@ def predict(model, features: list[dict], batch_size: int, multiple: int = 8, wha
                 pad = [(0, 0), (0, width - value.shape[1])] + [(0, 0)] * (value.ndim - 2)
                 value = np.pad(value, pad, constant_values=-1e4)
             parts.setdefault(name, []).append(value)
-        if (n % every == 0 or n == total) and _logging_rank():
-            logger.info("evaluating %s: batch %d/%d (%d features, %.1f s)", what, n, total, len(features),
-                        _now() - started)
     return {name: np.concatenate(rows) for name, rows in parts.items()}
 
 
@@ -108,20 +114,12 @@ def loss_over(model, features: list[dict], batch_size: int, multiple: int = 8, w
 
     model.eval()
     total, tokens = 0.0, 0
-    count = math.ceil(len(features) / batch_size)
-    every = max(1, count // 10)
-    started = _now()
-    for n, i in enumerate(range(0, len(features), batch_size), start=1):
-        chunk = features[i:i + batch_size]
-        batch = collate_features(chunk, pad_length(chunk, multiple), pad_token_id)
+    for batch in _eval_batches(features, batch_size, multiple, pad_token_id, what):
         k = target_count(batch["labels"])
         if k:
             out = model(batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
             total += float(out["loss"]) * k
             tokens += k
-        if (n % every == 0 or n == count) and _logging_rank():
-            logger.info("evaluating %s: batch %d/%d (%d features, %.1f s)", what, n, count, len(features),
-                        _now() - started)
     return {"loss": total / tokens if tokens else float("nan"), "tokens": tokens}
 
 
