@@ -42,7 +42,7 @@ COMMANDS = {
     "tokenizer": ("train tokenizers on a Chinese corpus", "zhnlp.tokenizers.train:add_cli"),
     "preprocess": ("tokenise a corpus into a megatron indexed dataset", "zhnlp.data.preprocess:add_cli"),
     "pretrain": ("pretrain a model with a recipe (megatron-core engine)", "zhnlp.training.command:add_cli"),
-    "finetune": ("fine-tune a model on a task (classification, reading comprehension, NER)",
+    "finetune": ("fine-tune a model on a task (classification, reading comprehension, NER, chat SFT)",
                  "zhnlp.training.command:add_finetune_cli"),
     "plot": ("draw a run's curves (PNG)", "zhnlp.training.monitor:add_cli"),
     "export": ("write a training checkpoint as a transformers model directory", "zhnlp.training.export:add_cli"),
