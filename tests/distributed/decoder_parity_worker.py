@@ -68,6 +68,16 @@ def main() -> int:
             hidden = model(batch["input_ids"], attention_mask=batch["attention_mask"],
                            output_hidden_states=True).hidden_states
         diffs["hidden"] = max((h[real] - ref[f"hidden.{i}"][real]).abs().max().item() for i, h in enumerate(hidden))
+        if model.config.is_moe:  # router logits of every MoE layer (real tokens), transformers' aux loss
+            with torch.no_grad():
+                routed = model(**batch, output_router_logits=True)
+            rows = real.reshape(-1)
+            expected = [ref[k] for k in sorted((k for k in ref if k.startswith("router.")), key=lambda k: int(k[7:]))]
+            diffs["router_layers"], diffs["router_layers_expected"] = len(routed.router_logits), len(expected)
+            diffs["router_logits"] = max((r[rows] - e[rows]).abs().max().item()
+                                         for r, e in zip(routed.router_logits, expected))
+            diffs["aux_loss"] = (routed.aux_loss - ref["aux_loss"]).abs().item()
+            diffs["loss_with_aux"] = (routed.loss - ref["loss_with_aux"]).abs().item()
         if args.pp == 1 and not model.config.is_moe:  # MoE gradients: checked in one process
             model.train()
             model(**batch).loss.backward()

@@ -36,6 +36,11 @@ def _prepare(root, names, build):
         expected.update({f"grad.{n}": p.grad.contiguous() for n, p in hf.named_parameters() if p.grad is not None})
         expected.update({f"hidden.{i}": h.contiguous() for i, h in enumerate(hidden)})
         expected["generated"] = generated.contiguous()
+        if hasattr(hf.config, "moe_num_experts"):  # transformers' router outputs: logits per MoE layer, aux loss
+            with torch.no_grad():
+                routed = hf.eval()(**batch, output_router_logits=True)
+            expected.update({f"router.{i}": r.contiguous() for i, r in enumerate(routed.router_logits)})
+            expected.update({"aux_loss": routed.aux_loss.reshape(()), "loss_with_aux": routed.loss.reshape(())})
         save_file(expected, str(case / "reference.safetensors"))
     return root
 
@@ -87,6 +92,9 @@ def test_moe_layout_matches_transformers(moe_cases, nprocs, layout):
         for rank in range(nprocs):
             d = json.loads((case / f"result-{tag}-rank{rank}.json").read_text())["diffs"]
             assert d["logits"] <= 2e-5 and d["loss"] <= 1e-5 and d["hidden"] <= 2e-5, (case.name, tag, rank, d)
+            assert d["router_layers"] == d["router_layers_expected"] > 0, (case.name, tag, rank, d)
+            assert d["router_logits"] <= 2e-5 and d["aux_loss"] <= 1e-6 and d["loss_with_aux"] <= 1e-5, \
+                (case.name, tag, rank, d)
             if pp == 1:
                 assert d["generated_equal"], (case.name, tag, rank, "greedy generation differs")
         a = transformers.Ernie4_5_MoeForCausalLM.from_pretrained(case / "hf").state_dict()

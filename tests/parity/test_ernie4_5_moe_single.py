@@ -1,5 +1,6 @@
 """The ERNIE 4.5 mixture-of-experts decoder against transformers' Ernie4_5_MoeForCausalLM in one process: logits,
-loss and gradients on a right-padded batch, greedy generation, the HF -> zhnlp -> HF round trip, that the
+loss and gradients on a right-padded batch (also with transformers' router outputs and load-balancing loss),
+greedy generation, the HF -> zhnlp -> HF round trip, that the
 correction bias really changes the choice of experts (and only the choice), and the layout errors."""
 
 import json
@@ -43,14 +44,17 @@ def test_logits_loss_generation_match_transformers(tmp_path, name):
     assert torch.equal(model.generate(prompt, max_new_tokens=8, eos_token_id=[]), expected)
 
 
+@pytest.mark.parametrize("routed", [False, True], ids=["lm-loss", "with-aux-loss"])
 @pytest.mark.parametrize("name", list(MOE_CONFIGS))
-def test_gradients_match_transformers(tmp_path, name):
-    hf, model = _pair(tmp_path, name)
+def test_gradients_match_transformers(tmp_path, name, routed):
+    """With ``output_router_logits=True`` the loss includes transformers' load-balancing loss (weighted 0.5 here,
+    so that its gradients through the router count)."""
+    hf, model = _pair(tmp_path, name, **({"router_aux_loss_coef": 0.5} if routed else {}))
     hf.train()
     model.train()
     batch = inputs(seed=1)
-    hf(**batch).loss.backward()
-    model(**batch).loss.backward()
+    hf(**batch, output_router_logits=routed).loss.backward()
+    model(**batch, output_router_logits=routed).loss.backward()
     ref = hf_moe_grads(hf)
     table = model.family.bridge.table(model.config)
     names = engine.global_param_names(model.chunks[0])
@@ -64,6 +68,41 @@ def test_gradients_match_transformers(tmp_path, name):
             torch.testing.assert_close(grad, ref[key], rtol=1e-4, atol=1e-6, msg=key)
             checked.add(key)
     assert checked == set(ref) - ({"lm_head.weight"} if hf.config.tie_word_embeddings else set())
+
+
+@pytest.mark.parametrize("name", list(MOE_CONFIGS))
+def test_router_outputs_match_transformers(tmp_path, name):
+    hf, model = _pair(tmp_path, name)
+    batch = inputs()
+    with torch.no_grad():
+        ref, out = hf(**batch, output_router_logits=True), model(**batch, output_router_logits=True)
+        plain = model(**batch)
+    assert list(out.keys()) == ["loss", "aux_loss", "logits", "router_logits"]
+    assert len(out.router_logits) == len(ref.router_logits) == len(model.config.moe_layers)
+    rows = batch["attention_mask"].bool().reshape(-1)  # padding rows carry no meaning on either side
+    for ours, theirs in zip(out.router_logits, ref.router_logits):
+        assert ours.shape == theirs.shape == (rows.numel(), model.config.moe_num_experts)
+        torch.testing.assert_close(ours[rows], theirs[rows], rtol=0, atol=2e-5)
+    torch.testing.assert_close(out.aux_loss, ref.aux_loss, rtol=0, atol=1e-6)
+    torch.testing.assert_close(out.loss, ref.loss, rtol=0, atol=1e-5)
+    assert float(out.loss - plain.loss) == pytest.approx(model.config.router_aux_loss_coef * float(out.aux_loss),
+                                                         abs=1e-6)
+    assert "router_logits" not in plain and "aux_loss" not in plain  # off unless asked (config default: off)
+    assert out.to_tuple()[1] is out.aux_loss  # transformers' order: loss, aux_loss, logits, ..., router_logits
+
+
+def test_router_outputs_follow_the_config_and_need_experts(tmp_path):
+    hf, model = _pair(tmp_path, "moe_shared", output_router_logits=True)
+    batch = inputs()
+    with torch.no_grad():
+        assert "router_logits" in model(**batch) and "router_logits" not in model(**batch, output_router_logits=False)
+    from tests.tiny_decoder import hf_model
+    from zhnlp.models.common.loading import UnsupportedOptionError
+
+    hf_model("tied").save_pretrained(tmp_path / "dense")
+    dense = AutoModelForCausalLM.from_pretrained(tmp_path / "dense")
+    with pytest.raises(UnsupportedOptionError, match="output_router_logits=True needs a mixture-of-experts model"):
+        dense(**batch, output_router_logits=True)
 
 
 @pytest.mark.parametrize("name", list(MOE_CONFIGS))

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 # transformers' field order: what ``out[0]`` and ``to_tuple()`` return first
-ORDER = ("loss", "logits", "start_logits", "end_logits", "last_hidden_state", "pooler_output", "hidden_states")
+ORDER = ("loss", "aux_loss", "logits", "start_logits", "end_logits", "last_hidden_state", "pooler_output",
+         "hidden_states", "router_logits")
 
 
 class ModelOutput(dict):

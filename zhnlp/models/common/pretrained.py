@@ -158,23 +158,66 @@ class PretrainedModel(torch.nn.Module):
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, task_type_ids=None,
                 position_ids=None, labels=None, start_positions=None, end_positions=None, *,
                 output_hidden_states: bool | None = None, output_attentions: bool | None = None,
-                return_dict: bool | None = None) -> ModelOutput | tuple:
+                output_router_logits: bool | None = None, return_dict: bool | None = None) -> ModelOutput | tuple:
         """Run the model; inputs are batch-first ``(b, s)``. Every rank receives complete outputs.
 
         ``output_hidden_states=True`` adds ``hidden_states``: the embeddings' output and every layer's,
         ``num_hidden_layers + 1`` tensors ``(b, s, h)``, as transformers returns them. ``return_dict=False``
         returns the tuple of present outputs (``out.to_tuple()``). Attention probabilities are not
         available: megatron's attention does not return them.
+
+        Mixture-of-experts models: ``output_router_logits=True`` (default: the config's ``output_router_logits``)
+        adds ``router_logits``, one ``(b*s, experts)`` float32 tensor per MoE layer (batch-major rows, as
+        transformers), and ``aux_loss``, transformers' load-balancing loss over them (padding excluded by
+        ``attention_mask``); with ``labels`` the loss then includes ``router_aux_loss_coef x aux_loss``.
         """
         if output_attentions:
             from zhnlp.models.common.loading import UnsupportedOptionError
 
             raise UnsupportedOptionError("output_attentions=True is not supported: megatron-core's attention "
                                          "does not return its probabilities; drop the argument.")
+        routers = self._router_outputs(output_router_logits)
         with cpu.scope():  # megatron's layers ask torch.cuda for their device
-            out = self._forward(input_ids, attention_mask, token_type_ids, task_type_ids, position_ids, labels,
-                                start_positions, end_positions, bool(output_hidden_states))
+            if not routers:
+                out = self._forward(input_ids, attention_mask, token_type_ids, task_type_ids, position_ids, labels,
+                                    start_positions, end_positions, bool(output_hidden_states))
+            else:
+                from zhnlp.models.common import hidden_states as HS
+
+                with HS.Recorder(self.chunks, routers=True) as recorder:
+                    out = self._forward(input_ids, attention_mask, token_type_ids, task_type_ids, position_ids,
+                                        labels, start_positions, end_positions, bool(output_hidden_states))
+                self._add_router_outputs(out, recorder, input_ids.shape, attention_mask)
         return out if return_dict is None or return_dict else out.to_tuple()
+
+    def _router_outputs(self, requested: bool | None) -> bool:
+        """Whether this call returns router logits (MoE models only; None: the config's choice)."""
+        moe = bool(getattr(self.config, "is_moe", False))
+        if requested is None:
+            return moe and bool(getattr(self.config, "output_router_logits", False))
+        if requested and not moe:
+            from zhnlp.models.common.loading import UnsupportedOptionError
+
+            raise UnsupportedOptionError(f"output_router_logits=True needs a mixture-of-experts model; this "
+                                         f"{self.config.model_type} model has no router. Drop the argument.")
+        return bool(requested)
+
+    def _add_router_outputs(self, out: ModelOutput, recorder, shape, attention_mask) -> None:
+        from zhnlp.models.common.moe_outputs import load_balancing_loss
+
+        b, s = shape
+        cfg = self.config
+        layers = [i + 1 for i in cfg.moe_layers]  # megatron's layer_number is 1-based
+        logits = recorder.complete(self.layout, torch.float32, cfg.num_hidden_layers, indices=layers)
+        # (b, s, E) -> (b*s, E): batch-major rows, as transformers returns them
+        router_logits = tuple(t.reshape(b * s, -1) for t in logits)
+        mask = None if attention_mask is None else attention_mask.to(router_logits[0].device)
+        aux = load_balancing_loss(router_logits, cfg.moe_num_experts, cfg.moe_k, mask)
+        fields = dict(out)
+        if fields.get("loss") is not None:
+            fields["loss"] = fields["loss"] + cfg.router_aux_loss_coef * aux
+        out.clear()
+        out.update(ModelOutput(fields, aux_loss=aux, router_logits=router_logits))
 
     def _forward(self, input_ids, attention_mask, token_type_ids, task_type_ids, position_ids, labels,
                  start_positions, end_positions, hidden_states: bool = False) -> ModelOutput:
