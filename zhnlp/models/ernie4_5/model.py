@@ -28,8 +28,7 @@ from megatron.core.transformer.transformer_layer import get_transformer_layer_of
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import init_method_normal
 
-from zhnlp.models.common import heads as H
-from zhnlp.models.common.decoder import RMSNorm, pre_norm_decoder_layer_spec
+from zhnlp.models.common.decoder import RMSNorm, pre_norm_decoder_layer_spec, vocab_parallel_causal_lm_loss
 from zhnlp.models.common.linear import ColumnLinear
 from zhnlp.models.common.moe import moe_mlp_spec
 from zhnlp.models.common.specs import run_layout_options
@@ -192,14 +191,16 @@ class Ernie4_5Model(LanguageModule):
 
     # -- forward -------------------------------------------------------------------------------
     def forward(self, input_ids, attention_mask=None, position_ids=None, labels=None, gather_logits: bool = True,
-                token_type_ids=None, task_type_ids=None, document_ids=None):
+                token_type_ids=None, task_type_ids=None, document_ids=None, last_position_only: bool = False):
         """Embed (first stage), run this stage's layers, project to the vocabulary (last stage).
 
         Inputs are batch-first ``(b, s)``; ``attention_mask`` 1 = real token. ``document_ids`` (packed
         pretraining with reset attention, :mod:`zhnlp.data.causal_lm`): the document number of every token;
         a token then attends only to earlier tokens of its own document (pass per-document ``position_ids``
         with it). Returns the hidden states ``(s, b, h)`` on stages without the head, else
-        ``{"logits": (b, s, V)}`` (and ``loss``)."""
+        ``{"logits": (b, s, V)}`` (and ``loss``). ``last_position_only`` (generation; no labels, no sequence
+        parallelism): project only the last position, ``{"logits": (b, 1, V)}``; the vocabulary projection of
+        the other positions is most of a short prompt's cost with a large vocabulary."""
         if token_type_ids is not None or task_type_ids is not None:
             raise TypeError("ERNIE 4.5 has no token_type_ids/task_type_ids; call model(input_ids, "
                             "attention_mask=..., position_ids=..., labels=...) with keywords.")
@@ -218,11 +219,18 @@ class Ernie4_5Model(LanguageModule):
             return hidden
         # megatron's shared_embedding_or_output_weight() names the embeddings whenever this stage has them
         weight = self.shared_embedding_or_output_weight() if self.share_embeddings_and_output_weights else None
+        if last_position_only:
+            if labels is not None or self.config.sequence_parallel:
+                raise ValueError("last_position_only=True is for generation: without labels and without "
+                                 "sequence parallelism (the last position lives on one rank there).")
+            hidden = hidden[-1:]  # (1, b, h)
         logits, _ = self.output_layer(hidden, weight=weight)  # (s, b, Vp/tp)
         out = {}
         if labels is not None:
-            start = parallel_state.get_tensor_model_parallel_rank() * logits.size(-1)
-            out["loss"] = H.vocab_parallel_masked_lm_loss(logits, shift_labels(labels), self.arch.vocab_size, start)
+            tp_rank = parallel_state.get_tensor_model_parallel_rank()
+            out["loss"] = vocab_parallel_causal_lm_loss(logits, shift_labels(labels), self.arch.vocab_size,
+                                                        tp_rank * logits.size(-1),
+                                                        parallel_state.get_tensor_model_parallel_world_size())
         if gather_logits:
             logits = tensor_parallel.gather_from_tensor_model_parallel_region(logits)
             out["logits"] = logits[..., : self.arch.vocab_size].transpose(0, 1)  # (b, s, V)
