@@ -48,13 +48,14 @@ def main() -> int:
     ap.add_argument("cases", type=Path)
     ap.add_argument("--tp", type=int, default=1)
     ap.add_argument("--pp", type=int, default=1)
+    ap.add_argument("--vpp", type=int, default=None)
     ap.add_argument("--sp", action="store_true")
     ap.add_argument("--ep", type=int, default=1)
     ap.add_argument("--etp", type=int, default=None)
     args = ap.parse_args()
     torch.set_num_threads(1)
-    lay = zhnlp.distributed.init(tp=args.tp, pp=args.pp, ep=args.ep, etp=args.etp)
-    tag = f"tp{args.tp}pp{args.pp}" + ("sp" if args.sp else "") + (f"ep{args.ep}etp{lay.etp}" if args.ep > 1 else "")
+    lay = zhnlp.distributed.init(tp=args.tp, pp=args.pp, vpp=args.vpp, ep=args.ep, etp=args.etp)
+    tag = f"tp{args.tp}pp{args.pp}" + (f"vpp{args.vpp}" if args.vpp else "") + ("sp" if args.sp else "") + (f"ep{args.ep}etp{lay.etp}" if args.ep > 1 else "")
     for case in sorted(p for p in args.cases.iterdir() if (p / "hf").is_dir()):
         batch = load_file(str(case / "inputs.safetensors"))
         ref = load_file(str(case / "reference.safetensors"))
@@ -84,12 +85,12 @@ def main() -> int:
             grads = full_grads(model)
             diffs["grads"] = max((g - ref["grad." + k]).abs().max().item() for k, g in grads.items())
             model.eval()
-        if args.pp == 1:
-            try:
-                generated = model.generate(batch["input_ids"][:, :6], max_new_tokens=6, eos_token_id=[])
-                diffs["generated_equal"] = bool(torch.equal(generated, ref["generated"]))
-            except NotImplementedError as e:  # under sequence parallelism: refused, by name
-                diffs["generated_equal"] = args.sp and "sequence parallelism" in str(e)
+        # greedy generation in every layout, across pipeline stages too
+        try:
+            generated = model.generate(batch["input_ids"][:, :6], max_new_tokens=6, eos_token_id=[])
+            diffs["generated_equal"] = bool(torch.equal(generated, ref["generated"]))
+        except NotImplementedError as e:  # under sequence parallelism: refused, by name
+            diffs["generated_equal"] = args.sp and "sequence parallelism" in str(e)
         if "grads" in diffs:
             diffs["grad_keys_missing"] = len({k[5:] for k in ref if k.startswith("grad.")} - set(grads))
         model.save_pretrained(case / f"saved-{tag}")

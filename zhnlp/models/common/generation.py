@@ -3,9 +3,12 @@
 The cache lives in the core attention of each layer (:class:`~zhnlp.models.common.decoder.CausalSDPAttention`
 ``.kv_cache``): keys and values after RoPE, ``(b, ng/tp, t, hd)``, appended each step. The prompt runs once,
 then one token per step. Returns prompt + new ids ``(b, s + n)``; rows that produced ``eos_token_id`` are
-continued with ``pad_token_id``, and the loop stops when every row has. One pipeline stage only (PP > 1
-is refused for now, and so is sequence parallelism); under TP every rank computes the same complete logits,
-so greedy decoding agrees everywhere (sampling draws from ``torch``'s generator: seed it the same on every rank).
+continued with ``pad_token_id``, and the loop stops when every row has. Under TP every rank computes the same
+complete logits. Under PP (with or without virtual stages) each step passes the hidden states from stage to stage
+(point-to-point, in the order of the model chunks: stage 0 chunk 0, stage 1 chunk 0, ..., stage 0 chunk 1, ...),
+each stage keeping the KV cache of its own layers, and the last stage broadcasts the last position's logits to its
+pipeline group, so every rank picks the same token (sampling draws from ``torch``'s generator: seed it the same on
+every rank). Sequence parallelism is refused: a one-token step cannot be split over the TP ranks.
 """
 
 from __future__ import annotations
@@ -16,9 +19,9 @@ import torch
 
 
 @contextlib.contextmanager
-def kv_cache(chunk):
-    """Give every layer's core attention an empty cache for the duration."""
-    attentions = [layer.self_attention.core_attention for layer in chunk.encoder.layers]
+def kv_cache(*chunks):
+    """Give every layer's core attention (of every chunk given) an empty cache for the duration."""
+    attentions = [layer.self_attention.core_attention for chunk in chunks for layer in chunk.encoder.layers]
     for a in attentions:
         a.kv_cache = {}
     try:
@@ -50,6 +53,36 @@ def _pick(logits, ids, do_sample, temperature, top_k, top_p, repetition_penalty)
     return torch.multinomial(logits.softmax(-1), 1).squeeze(1)
 
 
+def _pipeline_logits(model, ids, mask, positions):
+    """One decoding step through the pipeline -> the last position's logits ``(b, V)`` float32 on every rank."""
+    import torch.distributed as dist
+    from megatron.core import parallel_state as ps
+
+    from zhnlp import distributed
+
+    lay, tconf = model.layout, model.transformer_config
+    group = ps.get_pipeline_model_parallel_group()
+    ranks = dist.get_process_group_ranks(group)
+    before, after = ranks[(lay.pp_rank - 1) % lay.pp], ranks[(lay.pp_rank + 1) % lay.pp]
+    b, s = ids.shape
+    dev = distributed.device()
+    logits = None
+    for chunk in model.chunks:  # this stage's chunks in pipeline order
+        if not chunk.pre_process:
+            hidden = torch.empty((s, b, tconf.hidden_size), dtype=tconf.params_dtype, device=dev)
+            dist.recv(hidden, src=before)
+            chunk.set_input_tensor(hidden)
+        out = chunk(ids, attention_mask=mask, position_ids=positions, last_position_only=True)
+        if chunk.post_process:
+            logits = out["logits"][:, -1].float().contiguous()
+        else:
+            dist.send(out.contiguous(), dst=after)
+    if logits is None:
+        logits = torch.empty((b, model.config.vocab_size), dtype=torch.float32, device=dev)
+    dist.broadcast(logits, src=ranks[-1], group=group)
+    return logits
+
+
 @torch.no_grad()
 def generate(model, input_ids, attention_mask=None, max_new_tokens: int = 20, do_sample: bool = False,
              temperature: float = 1.0, top_k: int | None = None, top_p: float | None = None,
@@ -58,9 +91,6 @@ def generate(model, input_ids, attention_mask=None, max_new_tokens: int = 20, do
     from zhnlp import distributed
     from zhnlp.distributed import cpu
 
-    if model.layout.pp > 1:
-        raise NotImplementedError("generate() runs on one pipeline stage for now; load the model with pp=1 "
-                                  "(tensor parallelism is fine).")
     if model.transformer_config.sequence_parallel:
         raise NotImplementedError("generate() does not run under sequence parallelism (a one-token step cannot be "
                                   "split over the TP ranks); load the model without sequence_parallel=True.")
@@ -78,7 +108,7 @@ def generate(model, input_ids, attention_mask=None, max_new_tokens: int = 20, do
     mask = torch.ones_like(ids) if attention_mask is None else attention_mask.to(dev)
     # positions count real tokens only, so a left-padded prompt continues where its text ends
     positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    chunk = model.chunks[0]
+    chunks = model.chunks
     was_training = model.training
     model.eval()
     done = torch.zeros(ids.shape[0], dtype=torch.bool, device=dev)
@@ -86,9 +116,13 @@ def generate(model, input_ids, attention_mask=None, max_new_tokens: int = 20, do
         streamer.put(ids.cpu())
     step_ids, step_pos = ids, positions
     try:
-        with cpu.scope(), kv_cache(chunk):
+        with cpu.scope(), kv_cache(*chunks):
             for _ in range(max_new_tokens):
-                logits = chunk(step_ids, attention_mask=mask, position_ids=step_pos)["logits"][:, -1].float()
+                if model.layout.pp == 1:
+                    logits = chunks[0](step_ids, attention_mask=mask, position_ids=step_pos,
+                                       last_position_only=True)["logits"][:, -1].float()
+                else:
+                    logits = _pipeline_logits(model, step_ids, mask, step_pos)
                 new = _pick(logits, ids, do_sample, temperature, top_k, top_p, repetition_penalty)
                 new = torch.where(done, torch.full_like(new, pad), new)
                 ids = torch.cat([ids, new[:, None]], dim=1)

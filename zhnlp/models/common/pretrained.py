@@ -210,7 +210,7 @@ class PretrainedModel(torch.nn.Module):
         layers = [i + 1 for i in cfg.moe_layers]  # megatron's layer_number is 1-based
         logits = recorder.complete(self.layout, torch.float32, cfg.num_hidden_layers, indices=layers)
         # (b, s, E) -> (b*s, E): batch-major rows, as transformers returns them
-        router_logits = tuple(t.reshape(b * s, -1) for t in logits)
+        router_logits = tuple(t[:b].reshape(b * s, -1) for t in logits)
         mask = None if attention_mask is None else attention_mask.to(router_logits[0].device)
         aux = load_balancing_loss(router_logits, cfg.moe_num_experts, cfg.moe_k, mask)
         fields = dict(out)
@@ -237,8 +237,9 @@ class PretrainedModel(torch.nn.Module):
 
         with HS.Recorder(self.chunks) as recorder:
             out = self._run(batch, targets)
-        out["hidden_states"] = recorder.complete(self.layout, self.transformer_config.params_dtype,
-                                                 self.config.num_hidden_layers)
+        b = batch["input_ids"].shape[0]  # (a virtual pipeline may have run extra rows: dropped)
+        out["hidden_states"] = tuple(h[:b] for h in recorder.complete(
+            self.layout, self.transformer_config.params_dtype, self.config.num_hidden_layers))
         return ModelOutput(out)
 
     def _run(self, batch: dict, targets: dict) -> ModelOutput:
@@ -263,12 +264,14 @@ class PretrainedModel(torch.nn.Module):
         lay = self.layout
         n = 1
         if lay.vpp:
-            # megatron's interleaved schedule needs at least pp micro-batches of equal size
-            if b % lay.pp:
-                raise ValueError(f"with a virtual pipeline (vpp={lay.vpp}) the batch size must be a multiple of "
-                                 f"pp={lay.pp}, got {b}; pad the batch or run without vpp.")
+            # megatron's interleaved schedule needs at least pp micro-batches of equal size: a batch that is not a
+            # multiple of pp runs with copies of its last row, dropped from every output afterwards
+            extra = -b % lay.pp
+            if extra:
+                batch = {k: torch.cat([v, v[-1:].expand(extra, *v.shape[1:])]) for k, v in batch.items()}
             n = lay.pp
-        mbs = b // n
+        rows = batch["input_ids"].shape[0]
+        mbs = rows // n
         micro = [{k: v[i * mbs:(i + 1) * mbs] for k, v in batch.items()} for i in range(n)]
 
         def step(data_iterator, chunk):
@@ -281,7 +284,7 @@ class PretrainedModel(torch.nn.Module):
             results = get_forward_backward_func()(
                 forward_step_func=step, data_iterator=iters, model=list(self.chunks), num_microbatches=n,
                 seq_length=s, micro_batch_size=mbs, forward_only=True)
-        shapes = self.chunks[-1].output_shapes(b, s)
+        shapes = self.chunks[-1].output_shapes(rows, s)
         src = ps.get_pipeline_model_parallel_last_rank()
         group = ps.get_pipeline_model_parallel_group()
         out = {}
@@ -291,7 +294,7 @@ class PretrainedModel(torch.nn.Module):
             else:
                 t = torch.empty(shape, dtype=self.transformer_config.params_dtype, device=distributed.device())
             dist.broadcast(t, src=src, group=group)
-            out[name] = t
+            out[name] = t[:b]
         return out
 
     def generate(self, input_ids, attention_mask=None, max_new_tokens: int = 20, do_sample: bool = False,
