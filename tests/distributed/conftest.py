@@ -18,17 +18,43 @@ SENTENCES = ["百度提出了知识增强的语义表示模型。", "北京是�
              "这家餐厅的菜味道不错，服务也很周到。", "长江是中国最长的河流。", "我喜欢在周末读书和听音乐。"]
 
 
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory):
+def make_corpus(root: Path, objective: str = "mlm", stride: int = 3, longest: int = 4, count: int = 120) -> Path:
+    """``count`` documents of 1..``longest`` of the SENTENCES (document ``i`` starts at ``i * stride``), preprocessed
+    with bert-base-chinese's vocabulary for ``objective`` into ``root/data``; returns ``root``."""
     from zhnlp.data.preprocess import preprocess
 
-    root = tmp_path_factory.mktemp("train")
     (root / "vocab").mkdir()
     shutil.copy(ASSETS / "bert-base-chinese-vocab.txt", root / "vocab" / "vocab.txt")
-    docs = ["".join(SENTENCES[(i * 3 + k) % len(SENTENCES)] for k in range(1 + i % 4)) for i in range(120)]
+    docs = ["".join(SENTENCES[(i * stride + k) % len(SENTENCES)] for k in range(1 + i % longest))
+            for i in range(count)]
     (root / "corpus.txt").write_text("\n".join(docs) + "\n", encoding="utf-8")
-    preprocess([root / "corpus.txt"], root / "data", str(root / "vocab"), progress=False)
+    preprocess([root / "corpus.txt"], root / "data", str(root / "vocab"), progress=False, objective=objective)
     return root
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return make_corpus(tmp_path_factory.mktemp("train"))
+
+
+TRAIN_WORKER = Path(__file__).with_name("train_worker.py")
+
+
+def train_run(corpus: Path, tag: str, nproc: int, *args) -> dict:
+    """train_worker.py under torchrun -> its per-step losses, gradient norms and MoE figures (``corpus/TAG.json``)."""
+    from tests.conftest import torchrun
+
+    torchrun(TRAIN_WORKER, nproc, corpus / "data", corpus, "--tag", tag, *args)
+    return json.loads((corpus / f"{tag}.json").read_text())
+
+
+def same_training(a: dict, b: dict, what: str, steps: int = 10) -> None:
+    """Losses within 1e-5 and gradient norms within 1e-6 (relative) at every step."""
+    assert len(a["loss"]) == len(b["loss"]) == steps
+    for step, (x, y) in enumerate(zip(a["loss"], b["loss"]), start=1):
+        assert abs(x - y) <= 1e-5, f"{what}: step {step} loss {y} vs {x}"
+    for step, (x, y) in enumerate(zip(a["grad_norm"], b["grad_norm"]), start=1):
+        assert abs(x - y) <= 1e-6 * max(1.0, x), f"{what}: step {step} grad norm {y} vs {x}"
 
 
 def pretrain(data: Path, out: Path, nproc: int, *args: str) -> list[dict]:

@@ -6,37 +6,24 @@ positions). Checkpoints: stop and --resume reproduces the uninterrupted run exac
 at PP=2, and `zhnlp export` gives a directory transformers' Ernie4_5ForCausalLM loads, whose loss on the next
 global batch is the loss the run logged for it."""
 
-import json
-import shutil
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import torchrun
-from tests.distributed.conftest import ASSETS, SENTENCES, losses, pretrain
+from tests.distributed.conftest import losses, make_corpus, pretrain, same_training, train_run
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
-WORKER = Path(__file__).with_name("train_worker.py")
 RECIPE = ["--recipe", "ernie4.5-debug"]
 
 
 @pytest.fixture(scope="module")
 def causal_corpus(tmp_path_factory):
     """The distributed tests' documents, preprocessed for causal LM (about 5,000 tokens, [SEP] as EOD)."""
-    from zhnlp.data.preprocess import preprocess
-
-    root = tmp_path_factory.mktemp("causal")
-    (root / "vocab").mkdir()
-    shutil.copy(ASSETS / "bert-base-chinese-vocab.txt", root / "vocab" / "vocab.txt")
-    docs = ["".join(SENTENCES[(i * 3 + k) % len(SENTENCES)] for k in range(1 + i % 4)) for i in range(120)]
-    (root / "corpus.txt").write_text("\n".join(docs) + "\n", encoding="utf-8")
-    preprocess([root / "corpus.txt"], root / "data", str(root / "vocab"), progress=False, objective="causal-lm")
-    return root
+    return make_corpus(tmp_path_factory.mktemp("causal"), objective="causal-lm")
 
 
 def run(corpus: Path, tag: str, nproc: int, *args) -> dict:
-    torchrun(WORKER, nproc, corpus / "data", corpus, "--tag", tag, *RECIPE, *args)
-    return json.loads((corpus / f"{tag}.json").read_text())
+    return train_run(corpus, tag, nproc, *RECIPE, *args)
 
 
 @pytest.fixture(scope="module")
@@ -45,12 +32,7 @@ def references(causal_corpus):
             "reset": run(causal_corpus, "single-reset", 1, "--reset-attention")}
 
 
-def close(a: dict, b: dict, what: str) -> None:
-    assert len(a["loss"]) == len(b["loss"]) == 10
-    for step, (x, y) in enumerate(zip(a["loss"], b["loss"]), start=1):
-        assert abs(x - y) <= 1e-5, f"{what}: step {step} loss {y} vs {x}"
-    for step, (x, y) in enumerate(zip(a["grad_norm"], b["grad_norm"]), start=1):
-        assert abs(x - y) <= 1e-6 * max(1.0, x), f"{what}: step {step} grad norm {y} vs {x}"
+close = same_training
 
 
 def test_single_process_learns_and_reset_attention_changes_the_losses(references):

@@ -10,28 +10,18 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import torchrun
-from tests.distributed.conftest import ASSETS, SENTENCES
+from tests.distributed.conftest import make_corpus, same_training, train_run
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
-WORKER = Path(__file__).with_name("train_worker.py")
 
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
-    from zhnlp.data.preprocess import preprocess
-
-    root = tmp_path_factory.mktemp("moe-causal")
-    (root / "vocab").mkdir()
-    shutil.copy(ASSETS / "bert-base-chinese-vocab.txt", root / "vocab" / "vocab.txt")
-    docs = ["".join(SENTENCES[(i * 5 + k) % len(SENTENCES)] for k in range(1 + i % 3)) for i in range(100)]
-    (root / "corpus.txt").write_text("\n".join(docs) + "\n", encoding="utf-8")
-    preprocess([root / "corpus.txt"], root / "data", str(root / "vocab"), progress=False, objective="causal-lm")
-    return root
+    return make_corpus(tmp_path_factory.mktemp("moe-causal"), objective="causal-lm", stride=5, longest=3, count=100)
 
 
 def run(corpus: Path, tag: str, nproc: int, *args) -> dict:
-    torchrun(WORKER, nproc, corpus / "data", corpus, "--tag", tag, "--recipe", "ernie4.5-moe-debug", *args)
-    return json.loads((corpus / f"{tag}.json").read_text())
+    return train_run(corpus, tag, nproc, "--recipe", "ernie4.5-moe-debug", *args)
 
 
 @pytest.fixture(scope="module")
@@ -39,12 +29,7 @@ def single(corpus):
     return run(corpus, "single", 1)
 
 
-def close(a: dict, b: dict, what: str) -> None:
-    assert len(a["loss"]) == len(b["loss"]) == 10
-    for step, (x, y) in enumerate(zip(a["loss"], b["loss"]), start=1):
-        assert abs(x - y) <= 1e-5, f"{what}: step {step} loss {y} vs {x}"
-    for step, (x, y) in enumerate(zip(a["grad_norm"], b["grad_norm"]), start=1):
-        assert abs(x - y) <= 1e-6 * max(1.0, x), f"{what}: step {step} grad norm {y} vs {x}"
+close = same_training
 
 
 def test_single_process_learns_and_reports_expert_load(single):

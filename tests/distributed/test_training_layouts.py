@@ -2,18 +2,15 @@
 give the same losses (fp32, within 1e-5) and gradient norms (within 1e-6) on one process and under DP, TP,
 TP+SP, PP, PP+VPP, TP x PP, with recompute and with the distributed optimizer."""
 
-import json
 from pathlib import Path
 
 import pytest
 
-from tests.conftest import torchrun
+from tests.distributed.conftest import same_training, train_run
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
-WORKER = Path(__file__).with_name("train_worker.py")
 def run(corpus: Path, tag: str, nproc: int, *args) -> dict:
-    torchrun(WORKER, nproc, corpus / "data", corpus, "--tag", tag, *args)
-    return json.loads((corpus / f"{tag}.json").read_text())
+    return train_run(corpus, tag, nproc, *args)
 
 
 @pytest.fixture(scope="module")
@@ -21,13 +18,7 @@ def reference(corpus):
     return run(corpus, "single", 1)
 
 
-def close(a: dict, b: dict, what: str) -> None:
-    """Losses within 1e-5 and gradient norms within 1e-6 (relative) at every step."""
-    assert len(a["loss"]) == len(b["loss"]) == 10
-    for step, (x, y) in enumerate(zip(a["loss"], b["loss"]), start=1):
-        assert abs(x - y) <= 1e-5, f"{what}: step {step} loss {y} vs {x}"
-    for step, (x, y) in enumerate(zip(a["grad_norm"], b["grad_norm"]), start=1):
-        assert abs(x - y) <= 1e-6 * max(1.0, x), f"{what}: step {step} grad norm {y} vs {x}"
+close = same_training
 
 
 def test_single_process_learns(reference):
