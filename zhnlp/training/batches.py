@@ -110,12 +110,12 @@ def loss_over(model, features: list[dict], batch_size: int, multiple: int = 8, w
               pad_token_id: int = 0) -> dict[str, float]:
     """The causal-LM loss of ``model`` over ``features`` (``input_ids``, ``labels``; any layout, every rank gets
     the result) averaged over every target token of the split, not per batch -> ``{"loss", "tokens"}``."""
-    from zhnlp.data.tasks.sft import target_count
+    from zhnlp.models.common.decoder import causal_lm_targets
 
     model.eval()
     total, tokens = 0.0, 0
     for batch in _eval_batches(features, batch_size, multiple, pad_token_id, what):
-        k = target_count(batch["labels"])
+        k = int(causal_lm_targets(batch["labels"]))
         if k:
             out = model(batch["input_ids"], attention_mask=batch["attention_mask"], labels=batch["labels"])
             total += float(out["loss"]) * k

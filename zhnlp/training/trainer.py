@@ -43,7 +43,9 @@ def forward_step(data_iterator, model):
         if model.config.calculate_per_token_loss:
             # causal LM over the global batch's target tokens: megatron sums (loss x targets) over the
             # micro-batches and scales the gradients by the total target count of every data-parallel rank
-            count = (batch["labels"][:, 1:] != -100).sum().to(loss.device)
+            from zhnlp.models.common.decoder import causal_lm_targets
+
+            count = causal_lm_targets(batch["labels"]).to(loss.device)
             total = loss * count
             return total, count.int(), {"loss": torch.stack([total.detach().float(), count.float()])}
         # a copy: the schedule divides the returned loss by the number of micro-batches in place

@@ -171,8 +171,7 @@ def encode_conversation(tokenizer, messages: list[dict], max_length: int | None 
 
 def encode_sft(tokenizer, conversations: list[Conversation], max_length: int, name: str) -> list[dict]:
     """The features of ``conversations`` (:func:`encode_conversation`); conversations cut so short that no target
-    is left are left out with one warning (``left_out`` on the returned list's features is not kept: the caller
-    counts ``len(conversations) - len(features)``)."""
+    is left are left out with one warning (the caller counts them as ``len(conversations) - len(features)``)."""
     features, empty, cut = [], [], 0
     for c in conversations:
         f = encode_conversation(tokenizer, c.messages, max_length)
@@ -203,13 +202,14 @@ def pack_conversations(features: list[dict], length: int, seed: int) -> list[dic
     ``seed``, into sequences of up to ``length`` tokens without splitting one; -> features with ``input_ids``,
     ``labels``, ``document_ids`` and ``position_ids`` (unpadded: :func:`collate_packed` pads)."""
     order = np.random.default_rng([seed, 1]).permutation(len(features))
-    packs, current = [], []
+    packs, current, filled = [], [], 0
     for i in order:
         f = features[i]
-        if current and sum(len(c["input_ids"]) for c in current) + len(f["input_ids"]) > length:
+        if current and filled + len(f["input_ids"]) > length:
             packs.append(current)
-            current = []
+            current, filled = [], 0
         current.append(f)
+        filled += len(f["input_ids"])
     if current:
         packs.append(current)
     out = []
@@ -239,8 +239,3 @@ def collate_packed(features: list[dict], pad_to: int, pad_token_id: int) -> dict
         rows["document_ids"].append(list(f["document_ids"]) + [last] * pad)
         rows["position_ids"].append(list(f["position_ids"]) + list(range(pad)))
     return {k: torch.tensor(v, dtype=torch.long) for k, v in rows.items()}
-
-
-def target_count(labels: torch.Tensor) -> int:
-    """Tokens the causal-LM loss averages over for ``labels`` (b, s): the shifted labels that are not -100."""
-    return int((labels[:, 1:] != IGNORE_INDEX).sum())

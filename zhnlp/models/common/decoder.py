@@ -147,6 +147,12 @@ def causal_lm_loss(logits, labels):
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), shifted.reshape(-1), ignore_index=-100)
 
 
+def causal_lm_targets(labels) -> torch.Tensor:
+    """How many tokens the causal-LM loss averages over for ``labels`` ``(b, s)``: the shifted labels that are
+    not -100 (a 0-dim int64 tensor)."""
+    return (labels[:, 1:] != -100).sum()
+
+
 def vocab_parallel_causal_lm_loss(logits_shard, labels, vocab_size: int, vocab_start: int, tp: int):
     """Mean float32 cross-entropy of this rank's vocabulary shard ``(s, b, Vp/tp)`` against labels ``(b, s)``
     that are already shifted (-100 = no label); padded vocabulary columns (>= ``vocab_size``) are excluded.

@@ -187,7 +187,7 @@ class PretrainedModel(torch.nn.Module):
                 with HS.Recorder(self.chunks, routers=True) as recorder:
                     out = self._forward(input_ids, attention_mask, token_type_ids, task_type_ids, position_ids,
                                         labels, start_positions, end_positions, bool(output_hidden_states))
-                self._add_router_outputs(out, recorder, input_ids.shape, attention_mask)
+                out = self._with_router_outputs(out, recorder, input_ids.shape, attention_mask)
         return out if return_dict is None or return_dict else out.to_tuple()
 
     def _router_outputs(self, requested: bool | None) -> bool:
@@ -202,7 +202,9 @@ class PretrainedModel(torch.nn.Module):
                                          f"{self.config.model_type} model has no router. Drop the argument.")
         return bool(requested)
 
-    def _add_router_outputs(self, out: ModelOutput, recorder, shape, attention_mask) -> None:
+    def _with_router_outputs(self, out: ModelOutput, recorder, shape, attention_mask) -> ModelOutput:
+        """``out`` with ``router_logits`` and ``aux_loss`` added (and the aux loss in ``loss``), in transformers'
+        order."""
         from zhnlp.models.common.moe_outputs import load_balancing_loss
 
         b, s = shape
@@ -213,11 +215,10 @@ class PretrainedModel(torch.nn.Module):
         router_logits = tuple(t[:b].reshape(b * s, -1) for t in logits)
         mask = None if attention_mask is None else attention_mask.to(router_logits[0].device)
         aux = load_balancing_loss(router_logits, cfg.moe_num_experts, cfg.moe_k, mask)
-        fields = dict(out)
+        fields = dict(out, aux_loss=aux, router_logits=router_logits)
         if fields.get("loss") is not None:
             fields["loss"] = fields["loss"] + cfg.router_aux_loss_coef * aux
-        out.clear()
-        out.update(ModelOutput(fields, aux_loss=aux, router_logits=router_logits))
+        return ModelOutput(fields)
 
     def _forward(self, input_ids, attention_mask, token_type_ids, task_type_ids, position_ids, labels,
                  start_positions, end_positions, hidden_states: bool = False) -> ModelOutput:
