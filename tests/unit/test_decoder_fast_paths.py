@@ -4,6 +4,7 @@ the last position's logits of a full forward."""
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 import zhnlp
 from tests.tiny_decoder import hf_model, inputs
@@ -46,3 +47,34 @@ def test_last_position_only_is_the_last_row_of_the_full_logits(tmp_path):
             chunk(ids, labels=ids, last_position_only=True)
     assert last.shape == (ids.shape[0], 1, full.shape[-1])
     torch.testing.assert_close(last[:, 0], full[:, -1], rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("threads", [2, 3])
+@pytest.mark.parametrize("rows", [1, 5, 64])
+def test_split_cpu_linear_equals_f_linear(threads, rows):
+    """The per-thread block product of few rows gives F.linear's numbers (to the rounding of a different GEMM
+    kernel); autograd and widths no thread count divides keep F.linear itself."""
+    from zhnlp.models.common.linear import SPLIT_ROWS, _blocks, linear
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        g = torch.Generator().manual_seed(rows)
+        x = torch.randn(rows, 1, 48, generator=g)
+        for out in (60, 61):  # 61 has no divisor <= threads: one block, F.linear itself
+            w, b = torch.randn(out, 48, generator=g), torch.randn(out, generator=g)
+            with torch.no_grad():
+                torch.testing.assert_close(linear(x, w), F.linear(x, w), rtol=1e-5, atol=1e-5)
+                torch.testing.assert_close(linear(x, w, b), F.linear(x, w, b), rtol=1e-5, atol=1e-5)
+            if out == 61:
+                assert torch.equal(linear(x, w, b), F.linear(x, w, b))
+                assert linear(x, w, b).shape == (rows, 1, out)
+        assert _blocks(60) == threads and _blocks(61) == 1
+        wg = torch.randn(60, 48, generator=g, requires_grad=True)
+        y = linear(x, wg)
+        assert y.grad_fn is not None and "Bmm" not in type(y.grad_fn).__name__
+        y.sum().backward()
+        torch.testing.assert_close(wg.grad, x.reshape(-1, 48).sum(0).expand(60, 48))
+        assert rows <= SPLIT_ROWS
+    finally:
+        torch.set_num_threads(before)
