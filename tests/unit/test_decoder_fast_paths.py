@@ -2,6 +2,8 @@
 equals megatron's vocab-parallel loss (padding columns and -100 labels included), and ``last_position_only`` gives
 the last position's logits of a full forward."""
 
+from unittest import mock
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -75,6 +77,13 @@ def test_split_cpu_linear_equals_f_linear(threads, rows):
         assert y.grad_fn is not None and "Bmm" not in type(y.grad_fn).__name__
         y.sum().backward()
         torch.testing.assert_close(wg.grad, x.reshape(-1, 48).sum(0).expand(60, 48))
-        assert rows <= SPLIT_ROWS
+        # which product runs: the split for few rows, F.linear itself (no batched product) beyond SPLIT_ROWS
+        many = torch.randn(SPLIT_ROWS + rows, 48, generator=g)
+        w, b = torch.randn(60, 48, generator=g), torch.randn(60, generator=g)
+        with torch.no_grad(), mock.patch("torch.baddbmm", wraps=torch.baddbmm) as batched:
+            linear(x, w, b)
+            assert batched.call_count == 1
+            assert torch.equal(linear(many, w, b), F.linear(many, w, b))
+            assert batched.call_count == 1
     finally:
         torch.set_num_threads(before)
