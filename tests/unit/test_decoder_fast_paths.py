@@ -87,3 +87,86 @@ def test_split_cpu_linear_equals_f_linear(threads, rows):
             assert batched.call_count == 1
     finally:
         torch.set_num_threads(before)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_blockwise_cross_entropy_equals_f_cross_entropy(dtype, monkeypatch):
+    """Loss and gradient of zhnlp's blockwise cross-entropy are F.cross_entropy's on float32 logits, with padded
+    vocabulary columns (no part in the softmax, zero gradient), -100 rows (no loss, zero gradient) and blocks of
+    rows that do not divide the batch."""
+    from zhnlp.models.common import cross_entropy as CE
+
+    monkeypatch.setattr(CE, "BLOCK_ELEMENTS", 3 * 37)  # blocks of 3 rows: 20 rows end in a partial block
+    g = torch.Generator().manual_seed(1)
+    logits = (torch.randn(20, 40, generator=g) * 5).to(dtype)  # 37 real columns + 3 of padding
+    target = torch.randint(0, 37, (20,), generator=g)
+    target[[0, 7, 19]] = -100
+    x = logits.clone().requires_grad_()
+    y = logits.clone().requires_grad_()
+    got = CE.cross_entropy(x, target, columns=37)
+    ref = F.cross_entropy(y[:, :37].float(), target, ignore_index=-100)
+    torch.testing.assert_close(got, ref, rtol=0, atol=2e-6)
+    (got * 3).backward()
+    (ref * 3).backward()
+    assert x.grad.dtype == dtype
+    torch.testing.assert_close(x.grad.float(), y.grad.float(), rtol=0, atol=1e-7 if dtype == torch.float32 else 1e-3)
+    assert x.grad[:, 37:].abs().max() == 0 and x.grad[[0, 7, 19]].abs().max() == 0
+
+
+def test_blockwise_cross_entropy_edge_cases():
+    from zhnlp.models.common.cross_entropy import cross_entropy
+
+    x = torch.randn(4, 10, requires_grad=True)
+    none = cross_entropy(x, torch.full((4,), -100))  # nothing to count: NaN like torch, and no gradient
+    assert torch.isnan(none) and torch.isnan(F.cross_entropy(x.detach(), torch.full((4,), -100)))
+    none.backward()
+    assert x.grad.abs().max() == 0
+    with pytest.raises(IndexError, match="label 10 is out of range for a vocabulary of 10"):
+        cross_entropy(x, torch.tensor([1, 2, 3, 10]))
+    with pytest.raises(IndexError, match="label 8 is out of range for a vocabulary of 8"):
+        cross_entropy(x, torch.tensor([1, 8, 3, 2]), columns=8)  # a padding column is no label either
+
+
+def _plain_tied_grads(chunk, batch):
+    """Gradients of ``chunk`` for ``batch`` with its embedding lookup and output projection through plain autograd
+    (F.embedding / F.linear), the reference for the shared-gradient path."""
+    from zhnlp.models.common import embeddings as E
+    from zhnlp.models.common import linear as L
+
+    with mock.patch.object(E._TiedLookup, "apply", lambda ids, w, slot: F.embedding(ids, w)), \
+            mock.patch.object(L._TiedProjection, "apply", lambda x, w, b, slot: F.linear(x, w, b)):
+        chunk.zero_grad(set_to_none=True)
+        chunk(**batch)["loss"].backward()
+    return {n: p.grad.clone() for n, p in chunk.named_parameters() if p.grad is not None}
+
+
+def test_tied_embedding_gradient_meets_the_output_layers_in_one_tensor(tmp_path):
+    """With tied weights on one rank the embedding's gradient rows are added into the output layer's weight gradient:
+    the same numbers as autograd's sum of two tensors, for one forward, for two forwards accumulated before one
+    backward, and for a loss that never reads the logits (the lookup then starts from zeros)."""
+    hf_model("tied", seed=0).save_pretrained(tmp_path / "hf")
+    chunk = AutoModelForCausalLM.from_pretrained(tmp_path / "hf").chunks[0]
+    chunk.train()
+    a, b = inputs(seed=1), inputs(seed=2)
+    with zhnlp.distributed.cpu.scope():
+        ref = _plain_tied_grads(chunk, a)
+        name = "embedding.word_embeddings.weight"
+        assert name in ref and chunk.output_layer.weight is None  # one shared parameter
+        chunk.zero_grad(set_to_none=True)
+        chunk(**a)["loss"].backward()
+        for n, g in ref.items():
+            torch.testing.assert_close(chunk.get_parameter(n).grad, g, rtol=0, atol=1e-6, msg=n)
+
+        # two graphs alive at once: each forward's slot carries its own projection gradient
+        ref_b = _plain_tied_grads(chunk, b)
+        chunk.zero_grad(set_to_none=True)
+        (chunk(**a)["loss"] + chunk(**b)["loss"]).backward()
+        torch.testing.assert_close(chunk.get_parameter(name).grad, ref[name] + ref_b[name], rtol=0, atol=1e-6)
+
+        # a loss on the hidden states only: no projection gradient arrives, the rows still do
+        chunk.zero_grad(set_to_none=True)
+        emb = chunk.embedding(a["input_ids"], tied_grad=zhnlp.models.common.linear.TiedWeightGrad())
+        (emb ** 2).sum().backward()
+        expected = torch.zeros_like(chunk.get_parameter(name))
+        expected.index_add_(0, a["input_ids"].reshape(-1), (2 * emb.detach()).transpose(0, 1).reshape(-1, emb.shape[-1]))
+        torch.testing.assert_close(chunk.get_parameter(name).grad, expected, rtol=0, atol=1e-6)

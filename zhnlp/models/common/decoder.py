@@ -18,6 +18,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_layer import TransformerLayer, TransformerLayerSubmodules
 
 from zhnlp.models.common import heads as H
+from zhnlp.models.common.cross_entropy import cross_entropy
 from zhnlp.models.common.layers import CoreAttention
 from zhnlp.models.common.linear import ColumnLinear, RowLinear
 
@@ -144,7 +145,7 @@ def causal_lm_loss(logits, labels):
     if labels is None:
         return None
     shifted = F.pad(labels, (0, 1), value=-100)[:, 1:]
-    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), shifted.reshape(-1), ignore_index=-100)
+    return cross_entropy(logits.reshape(-1, logits.shape[-1]), shifted.reshape(-1))
 
 
 def causal_lm_targets(labels) -> torch.Tensor:
@@ -157,14 +158,10 @@ def vocab_parallel_causal_lm_loss(logits_shard, labels, vocab_size: int, vocab_s
     """Mean float32 cross-entropy of this rank's vocabulary shard ``(s, b, Vp/tp)`` against labels ``(b, s)``
     that are already shifted (-100 = no label); padded vocabulary columns (>= ``vocab_size``) are excluded.
 
-    Without tensor parallelism the shard is the whole vocabulary and ``F.cross_entropy`` computes the same
-    figure in one fused log-softmax (as transformers does), instead of megatron's vocab-parallel kernel, which
-    needs a private copy of the logits and several passes over them (about a tenth of a 0.3B-width training
-    step on CPU)."""
+    Without tensor parallelism the shard is the whole vocabulary and :func:`cross_entropy` computes the same
+    figure blockwise from the logits, instead of megatron's vocab-parallel kernel (a private copy of the logits and
+    several passes over them) or ``F.cross_entropy`` (three more vocabulary-sized tensors per step)."""
     if tp > 1:
         return H.vocab_parallel_masked_lm_loss(logits_shard, labels, vocab_size, vocab_start)
-    logits = logits_shard.float()
-    if logits.size(-1) > vocab_size:  # padded columns take no part in the softmax
-        logits = logits[..., :vocab_size]
     target = labels.transpose(0, 1).reshape(-1)  # (s*b,), the logits' row order
-    return F.cross_entropy(logits.reshape(-1, logits.size(-1)), target, ignore_index=-100)
+    return cross_entropy(logits_shard.reshape(-1, logits_shard.size(-1)), target, columns=vocab_size)

@@ -1,4 +1,5 @@
-"""Input embeddings of BERT-style encoders: word + token type + position (+ ERNIE task type)."""
+"""Input embeddings: the vocabulary-parallel word embedding (whose gradient can meet a tied output layer's in
+place) and the BERT-style encoders' sum word + token type + position (+ ERNIE task type)."""
 
 from __future__ import annotations
 
@@ -10,6 +11,49 @@ from megatron.core import tensor_parallel
 from megatron.core.transformer.module import MegatronModule
 
 from zhnlp.models.common.layers import LayerNorm
+from zhnlp.models.common.linear import TiedWeightGrad
+
+
+class VocabEmbedding(tensor_parallel.VocabParallelEmbedding):
+    """megatron's vocabulary-parallel word embedding (rows split over TP ranks, output all-reduced). Called with
+    ``tied_grad`` (the same :class:`TiedWeightGrad` the tied output layer of this forward gets), its weight gradient
+    is the output layer's with the looked-up rows added in place: one gradient tensor instead of three."""
+
+    def forward(self, input_, tied_grad: TiedWeightGrad | None = None):
+        if tied_grad is None or not (torch.is_grad_enabled() and self.weight.requires_grad):
+            return super().forward(input_)
+        if self.tp_group.size() > 1:
+            outside = (input_ < self.vocab_start_index) | (input_ >= self.vocab_end_index)  # rows of other ranks
+            local = (input_ - self.vocab_start_index).masked_fill(outside, 0)
+            out = _TiedLookup.apply(local, self.weight, tied_grad).masked_fill(outside.unsqueeze(-1), 0.0)
+        else:
+            out = _TiedLookup.apply(input_, self.weight, tied_grad)
+        if self.reduce_scatter_embeddings:  # [b, s, h] -> [s/tp, b, h]
+            return tensor_parallel.reduce_scatter_to_sequence_parallel_region(
+                out.transpose(0, 1).contiguous(), group=self.tp_group)
+        return tensor_parallel.reduce_from_tensor_model_parallel_region(out, group=self.tp_group)
+
+
+class _TiedLookup(torch.autograd.Function):
+    """``F.embedding(ids, weight)``; backward adds the rows' gradients into the tied output layer's weight
+    gradient (left in ``slot`` by its backward, which runs first) and returns that as the weight's gradient. Without
+    one (a loss that never read the logits) the rows go into a table of zeros, as ``F.embedding`` does."""
+
+    @staticmethod
+    def forward(ctx, ids, weight, slot):
+        ctx.save_for_backward(ids)
+        ctx.slot, ctx.weight_shape = slot, weight.shape
+        return F.embedding(ids, weight)  # (*ids.shape, h)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        (ids,) = ctx.saved_tensors
+        table, ctx.slot.grad = ctx.slot.grad, None
+        if table is None:
+            table = grad.new_zeros(ctx.weight_shape)
+        table.index_add_(0, ids.reshape(-1), grad.reshape(-1, grad.shape[-1]).to(table.dtype))
+        return None, table, None
 
 
 class EncoderEmbeddings(MegatronModule):

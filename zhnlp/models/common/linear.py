@@ -64,10 +64,54 @@ def linear(input_, weight, bias=None):
     return y.transpose(0, 1).reshape(*input_.shape[:-1], out_features)
 
 
-class ColumnLinear(ColumnParallelLinear):
-    """Column-parallel linear: output features split across TP ranks."""
+class TiedWeightGrad:
+    """One forward's meeting point for the two gradients of a weight shared by the embedding lookup and the output
+    projection (a tied decoder whose first and last layers are on one rank).
 
-    def forward(self, input_, weight=None, runtime_gather_output=None):
+    Through autograd each use would produce its own vocabulary-sized gradient: the projection's product and the
+    lookup's zero-filled table with the looked-up rows added, which autograd then sums (100k x 1k in float32:
+    1.2 GB of fresh memory per step, most of a CPU's time outside the matrix products being the kernel zero-filling
+    new pages). Instead the projection hands its gradient to this slot (:class:`_TiedProjection`) and the lookup,
+    whose backward always runs after it, adds its rows into that tensor in place and returns it as the weight's one
+    gradient (:class:`zhnlp.models.common.embeddings.VocabEmbedding`). A slot belongs to one forward call, so graphs
+    kept from several forwards (gradient accumulation) do not mix."""
+
+    __slots__ = ("grad",)
+
+    def __init__(self):
+        self.grad = None  # (V/tp, h): the projection's weight gradient, until the lookup takes it
+
+
+class _TiedProjection(torch.autograd.Function):
+    """``F.linear(x, weight, bias)`` whose weight gradient goes to a :class:`TiedWeightGrad` instead of autograd.
+    Shapes: ``x`` ``(..., in)``, ``weight`` ``(out, in)``."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, slot):
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias, ctx.slot = bias is not None, slot
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad):
+        x, weight = ctx.saved_tensors
+        grad2d = grad.reshape(-1, grad.shape[-1])  # (tokens, out)
+        grad_x = grad_b = None
+        if ctx.needs_input_grad[0]:
+            grad_x = grad2d.mm(weight).view(x.shape)  # (..., in)
+        if ctx.needs_input_grad[1]:
+            ctx.slot.grad = grad2d.t().mm(x.reshape(-1, x.shape[-1]))  # (out, in), new and contiguous
+        if ctx.has_bias and ctx.needs_input_grad[2]:
+            grad_b = grad2d.sum(0)
+        return grad_x, None, grad_b, None
+
+
+class ColumnLinear(ColumnParallelLinear):
+    """Column-parallel linear: output features split across TP ranks. ``tied_grad`` (a model's output layer that
+    shares its weight with the embedding on this rank): the weight gradient goes to that :class:`TiedWeightGrad`."""
+
+    def forward(self, input_, weight=None, runtime_gather_output=None, tied_grad: TiedWeightGrad | None = None):
         weight = self.weight if weight is None else weight
         if self.explicit_expert_comm:  # the MoE token dispatcher gathers and scatters
             return linear(input_, weight, self.bias), None
@@ -76,7 +120,10 @@ class ColumnLinear(ColumnParallelLinear):
             input_ = M.gather_from_sequence_parallel_region(input_, group=self.tp_group)  # (s, b, h)
         elif tp > 1:
             input_ = M.copy_to_tensor_model_parallel_region(input_, group=self.tp_group)
-        output = linear(input_, weight, self.bias)  # (s, b, out/tp)
+        if tied_grad is not None and torch.is_grad_enabled() and weight.requires_grad:
+            output = _TiedProjection.apply(input_, weight, self.bias, tied_grad)  # (s, b, out/tp)
+        else:
+            output = linear(input_, weight, self.bias)  # (s, b, out/tp)
         gather = self.gather_output if runtime_gather_output is None else runtime_gather_output
         if gather and tp > 1:
             output = M.gather_from_tensor_model_parallel_region(output, group=self.tp_group)

@@ -29,7 +29,8 @@ from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import init_method_normal
 
 from zhnlp.models.common.decoder import RMSNorm, pre_norm_decoder_layer_spec, vocab_parallel_causal_lm_loss
-from zhnlp.models.common.linear import ColumnLinear
+from zhnlp.models.common.embeddings import VocabEmbedding
+from zhnlp.models.common.linear import ColumnLinear, TiedWeightGrad
 from zhnlp.models.common.moe import moe_mlp_spec
 from zhnlp.models.common.specs import run_layout_options
 from zhnlp.models.ernie4_5.config import Ernie4_5Config
@@ -213,7 +214,10 @@ class Ernie4_5Model(LanguageModule):
             mask = other if mask is None else other | mask
         if position_ids is None:
             position_ids = torch.arange(s, device=input_ids.device).expand(b, s)
-        hidden = self.embedding(input_ids) if self.pre_process else None
+        # tied weights with the embedding and the output layer both here: their gradients meet in one tensor
+        tied = (TiedWeightGrad() if self.pre_process and self.post_process and self.share_embeddings_and_output_weights
+                and torch.is_grad_enabled() else None)
+        hidden = self.embedding(input_ids, tied_grad=tied) if self.pre_process else None
         hidden = self.encoder(hidden, mask, rotary_pos_emb=self._rope(position_ids, s))  # (s, b, h)
         if not self.post_process:
             return hidden
@@ -224,7 +228,7 @@ class Ernie4_5Model(LanguageModule):
                 raise ValueError("last_position_only=True is for generation: without labels and without "
                                  "sequence parallelism (the last position lives on one rank there).")
             hidden = hidden[-1:]  # (1, b, h)
-        logits, _ = self.output_layer(hidden, weight=weight)  # (s, b, Vp/tp)
+        logits, _ = self.output_layer(hidden, weight=weight, tied_grad=tied)  # (s, b, Vp/tp)
         out = {}
         if labels is not None:
             tp_rank = parallel_state.get_tensor_model_parallel_rank()
@@ -244,11 +248,11 @@ class _WordEmbedding(MegatronModule):
 
     def __init__(self, config, vocab_size: int):
         super().__init__(config=config)
-        self.word_embeddings = tensor_parallel.VocabParallelEmbedding(
-            vocab_size, config.hidden_size, init_method=config.init_method, config=config)
+        self.word_embeddings = VocabEmbedding(vocab_size, config.hidden_size, init_method=config.init_method,
+                                              config=config)
 
-    def forward(self, input_ids):
-        x = self.word_embeddings(input_ids).transpose(0, 1).contiguous()  # (s, b, h)
+    def forward(self, input_ids, tied_grad: TiedWeightGrad | None = None):
+        x = self.word_embeddings(input_ids, tied_grad=tied_grad).transpose(0, 1).contiguous()  # (s, b, h)
         if self.config.sequence_parallel:
             x = tensor_parallel.scatter_to_sequence_parallel_region(x)  # (s/tp, b, h)
         return x
