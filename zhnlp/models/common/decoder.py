@@ -139,13 +139,18 @@ def pre_norm_decoder_layer_spec() -> ModuleSpec:
     )
 
 
+def shift_labels(labels):
+    """transformers' causal-LM rule: position t predicts token t+1; the last position predicts nothing.
+    (b, s) -> (b, s)."""
+    return F.pad(labels, (0, 1), value=-100)[:, 1:]
+
+
 def causal_lm_loss(logits, labels):
     """transformers' causal-LM loss from complete logits ``(b, s, V)``: labels shifted one position left,
     float32 cross-entropy averaged over the labels that are not -100; None without labels."""
     if labels is None:
         return None
-    shifted = F.pad(labels, (0, 1), value=-100)[:, 1:]
-    return cross_entropy(logits.reshape(-1, logits.shape[-1]), shifted.reshape(-1))
+    return cross_entropy(logits.reshape(-1, logits.shape[-1]), shift_labels(labels).reshape(-1))
 
 
 def causal_lm_targets(labels) -> torch.Tensor:

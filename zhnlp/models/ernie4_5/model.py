@@ -28,7 +28,8 @@ from megatron.core.transformer.transformer_layer import get_transformer_layer_of
 from megatron.core.transformer.transformer_config import TransformerConfig
 from megatron.core.utils import init_method_normal
 
-from zhnlp.models.common.decoder import RMSNorm, pre_norm_decoder_layer_spec, vocab_parallel_causal_lm_loss
+from zhnlp.models.common.decoder import (RMSNorm, pre_norm_decoder_layer_spec, shift_labels,
+                                        vocab_parallel_causal_lm_loss)
 from zhnlp.models.common.embeddings import VocabEmbedding
 from zhnlp.models.common.linear import ColumnLinear, TiedWeightGrad
 from zhnlp.models.common.moe import moe_mlp_spec
@@ -114,12 +115,6 @@ def layer_spec(arch: Ernie4_5Config, layer: int):
     if arch.is_moe_layer(layer):
         spec.submodules.mlp = moe_mlp_spec()
     return spec
-
-
-def shift_labels(labels):
-    """transformers' causal-LM rule: position t predicts token t+1; the last position predicts nothing.
-    (b, s) -> (b, s)."""
-    return F.pad(labels, (0, 1), value=-100)[:, 1:]
 
 
 class Ernie4_5Model(LanguageModule):
