@@ -18,6 +18,9 @@ CONFIGS = {
                  layer_norm_eps=1e-12),
 }
 
+# model_type -> the prefix of transformers' class names (ErnieConfig, BertForMaskedLM, ...)
+HF_PREFIX = {"ernie": "Ernie", "bert": "Bert", "albert": "Albert", "roformer": "RoFormer", "electra": "Electra"}
+
 HF_CLASSES = {
     "base": "Model",
     "mlm": "ForMaskedLM",
@@ -32,7 +35,7 @@ def hf_model(name: str, head: str, seed: int = 0, **extra):
     import transformers
 
     cfg = dict(CONFIGS[name], **extra)
-    prefix = "Ernie" if cfg["model_type"] == "ernie" else "Bert"
+    prefix = HF_PREFIX[cfg["model_type"]]
     config_cls = getattr(transformers, f"{prefix}Config")
     model_cls = getattr(transformers, prefix + HF_CLASSES[head])
     cfg.pop("model_type")

@@ -1,5 +1,6 @@
 """Input embeddings: the vocabulary-parallel word embedding (whose gradient can meet a tied output layer's in
-place) and the BERT-style encoders' sum word + token type + position (+ ERNIE task type)."""
+place) and the encoders' sum word + token type + position (+ ERNIE task type), optionally factorised (a narrower
+table projected to the hidden size: ALBERT, ELECTRA, RoFormer)."""
 
 from __future__ import annotations
 
@@ -57,35 +58,48 @@ class _TiedLookup(torch.autograd.Function):
 
 
 class EncoderEmbeddings(MegatronModule):
-    """Sum of the embeddings, LayerNorm and dropout; output ``(s, b, h)``.
+    """Sum of the embeddings, LayerNorm and dropout, then (factorised embeddings) a projection to the hidden size;
+    output ``(s, b, h)``.
 
     The word embedding is vocabulary-parallel (rows split across TP ranks, output all-reduced);
     position, token-type and task-type tables are small and replicated. The LayerNorm runs on
     the full sequence before it is scattered for sequence parallelism, so its gradients are
     already identical on every TP rank.
+
+    ``embedding_size`` (default: the hidden size) is the tables' width. ALBERT, ELECTRA and RoFormer use narrower
+    tables: the normalised, dropped-out sum is then projected to the hidden size by ``projection`` (a replicated
+    linear layer, applied to the whole sequence before any sequence-parallel split). ``max_position_embeddings`` 0
+    means no position table (rotary positions are applied inside attention instead).
     """
 
     def __init__(self, config, vocab_size: int, max_position_embeddings: int, type_vocab_size: int,
-                 task_type_vocab_size: int, layer_norm_eps: float):
+                 task_type_vocab_size: int, layer_norm_eps: float, embedding_size: int | None = None):
         super().__init__(config=config)
         h, dtype = config.hidden_size, config.params_dtype
+        e = embedding_size or h
         self.word_embeddings = tensor_parallel.VocabParallelEmbedding(
-            vocab_size, h, init_method=config.init_method, config=config)
-        self.position_embeddings = torch.nn.Embedding(max_position_embeddings, h, dtype=dtype)
-        self.token_type_embeddings = torch.nn.Embedding(type_vocab_size, h, dtype=dtype) if type_vocab_size else None
-        self.task_type_embeddings = (torch.nn.Embedding(task_type_vocab_size, h, dtype=dtype)
+            vocab_size, e, init_method=config.init_method, config=config)
+        self.position_embeddings = (torch.nn.Embedding(max_position_embeddings, e, dtype=dtype)
+                                    if max_position_embeddings else None)
+        self.token_type_embeddings = torch.nn.Embedding(type_vocab_size, e, dtype=dtype) if type_vocab_size else None
+        self.task_type_embeddings = (torch.nn.Embedding(task_type_vocab_size, e, dtype=dtype)
                                      if task_type_vocab_size else None)
-        self.layernorm = LayerNorm(config, h, eps=layer_norm_eps, sequence_parallel=False)
+        self.layernorm = LayerNorm(config, e, eps=layer_norm_eps, sequence_parallel=False)
+        self.projection = torch.nn.Linear(e, h, dtype=dtype) if embedding_size is not None else None
 
-    def forward(self, input_ids, position_ids, token_type_ids=None, task_type_ids=None):
+    def forward(self, input_ids, position_ids=None, token_type_ids=None, task_type_ids=None):
         # all inputs: (b, s) int64
-        x = self.word_embeddings(input_ids)  # (b, s, h)
+        x = self.word_embeddings(input_ids)  # (b, s, e)
         if self.token_type_embeddings is not None:
             x = x + self.token_type_embeddings(token_type_ids)
-        x = x + self.position_embeddings(position_ids)
+        if self.position_embeddings is not None:
+            x = x + self.position_embeddings(position_ids)
         if self.task_type_embeddings is not None:
             x = x + self.task_type_embeddings(task_type_ids)
         x = self.layernorm(x)
+        if self.projection is not None:
+            # Dropout before the projection, on the whole sequence: the same mask on every TP rank.
+            x = self.projection(F.dropout(x, p=self.config.hidden_dropout, training=self.training))
         x = x.transpose(0, 1).contiguous()  # (s, b, h)
         if self.config.sequence_parallel:
             x = tensor_parallel.scatter_to_sequence_parallel_region(x)  # (s/tp, b, h)
@@ -93,6 +107,7 @@ class EncoderEmbeddings(MegatronModule):
             rng = tensor_parallel.get_cuda_rng_tracker().fork()
         else:
             rng = nullcontext()
-        with rng:
-            x = F.dropout(x, p=self.config.hidden_dropout, training=self.training)
+        if self.projection is None:
+            with rng:
+                x = F.dropout(x, p=self.config.hidden_dropout, training=self.training)
         return x
