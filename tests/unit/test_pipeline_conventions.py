@@ -353,7 +353,8 @@ def test_unknown_tasks_list_the_names():
         zhnlp.pipeline("information_extraction")
     message = str(e.value)
     assert message.startswith("unknown task 'information_extraction' (a PaddleNLP Taskflow task that zhnlp does not "
-                              "provide); choose one of: fill-mask, fill_mask, ner, question-answering")
+                              "provide); choose one of: feature-extraction, feature_extraction, fill-mask, "
+                              "fill_mask, ner, question-answering")
     assert "word_segmentation" in message and "sentiment_analysis" in message
     assert zhnlp.pipeline("word_segmentation")("我来到北京清华大学")["words"] == zhnlp.segment("我来到北京清华大学")
 

@@ -8,6 +8,8 @@
     ner = zhnlp.pipeline("ner", "path/to/ner-model", aggregation_strategy="simple")
     ner("王小明在北京工作")                     # [{"entity_group": "PER", "score": ..., "word": "王小明", ...}, ...]
     zhnlp.pipeline("word-segmentation")("我来到北京清华大学")
+    sim = zhnlp.pipeline("sentence-similarity", "m3e-small")   # after `zhnlp models fetch m3e-small`
+    sim({"source_sentence": "我想退款", "sentences": ["怎么申请退款", "今天下雨了"]})  # [0.9, 0.4]: cosines
     chat = zhnlp.pipeline("text-generation", "path/to/ernie-4.5-model")
     chat([{"role": "user", "content": "你好"}], max_new_tokens=64)  # [{"generated_text": [..., {"role": "assistant"...
 
@@ -33,18 +35,22 @@ TASKS = {
     "fill-mask": "zhnlp.pipelines.fill_mask:FillMaskPipeline",
     "word-segmentation": "zhnlp.pipelines.word_segmentation:WordSegmentationPipeline",
     "text-generation": "zhnlp.pipelines.text_generation:TextGenerationPipeline",
+    "feature-extraction": "zhnlp.pipelines.sentence_embeddings:FeatureExtractionPipeline",
+    "sentence-similarity": "zhnlp.pipelines.sentence_embeddings:SentenceSimilarityPipeline",
 }
 # transformers' names and PaddleNLP Taskflow's (underscores); Taskflow's information_extraction (UIE) is not a
 # zhnlp task.
 ALIASES = {"text-classification": "sentiment-analysis", "token-classification": "ner",
            "sentiment_analysis": "sentiment-analysis", "text_classification": "sentiment-analysis",
            "token_classification": "ner", "question_answering": "question-answering", "fill_mask": "fill-mask",
-           "word_segmentation": "word-segmentation", "text_generation": "text-generation"}
+           "word_segmentation": "word-segmentation", "text_generation": "text-generation",
+           "feature_extraction": "feature-extraction", "sentence_similarity": "sentence-similarity",
+           "text_similarity": "sentence-similarity"}
 
 
 # Taskflow tasks without a zhnlp pipeline, named in the unknown-task error
 _TASKFLOW_ONLY = {"information_extraction", "lexical_analysis", "pos_tagging", "dependency_parsing",
-                  "knowledge_mining", "text_correction", "text_similarity", "dialogue", "text_summarization",
+                  "knowledge_mining", "text_correction", "dialogue", "text_summarization",
                   "poetry_generation", "question_generation", "text_to_image", "zero_shot_text_classification"}
 
 
@@ -71,7 +77,9 @@ def pipeline(task: str, model=None, *, tokenizer=None, batch_size: int = 8, max_
     Args:
         task: ``"sentiment-analysis"`` (alias ``"text-classification"``), ``"question-answering"``, ``"ner"``
             (alias ``"token-classification"``), ``"fill-mask"``, ``"word-segmentation"`` or ``"text-generation"``
-            (a decoder such as ERNIE 4.5, see :class:`~zhnlp.pipelines.text_generation.TextGenerationPipeline`);
+            (a decoder such as ERNIE 4.5, see :class:`~zhnlp.pipelines.text_generation.TextGenerationPipeline`),
+            ``"feature-extraction"`` or ``"sentence-similarity"`` (alias Taskflow's ``"text_similarity"``; see
+            :mod:`zhnlp.pipelines.sentence_embeddings`);
             PaddleNLP Taskflow's spellings (``"sentiment_analysis"``, ``"word_segmentation"``,
             ``"question_answering"``, ...) too.
         model: a directory written by ``save_pretrained`` (zhnlp or transformers), a model name from
@@ -95,7 +103,8 @@ def pipeline(task: str, model=None, *, tokenizer=None, batch_size: int = 8, max_
             ``aggregation_strategy``, ``ignore_labels`` and ``stride`` (NER), ``top_k``,
             ``handle_impossible_answer``, ``doc_stride``, ``max_answer_len`` and ``max_query_len`` (QA),
             ``hmm`` and ``userdict`` (word segmentation), ``max_new_tokens``, ``do_sample``, ``temperature``,
-            ``top_k``, ``top_p``, ``repetition_penalty``, ``return_full_text`` and ``streamer`` (text generation);
+            ``top_k``, ``top_p``, ``repetition_penalty``, ``return_full_text`` and ``streamer`` (text generation),
+            ``pooling``, ``normalize`` and ``return_tensors`` (feature extraction), ``pooling`` (sentence similarity);
             see each task's class for what each result key means.
     """
     cls = pipeline_class(task)

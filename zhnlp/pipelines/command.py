@@ -2,7 +2,8 @@
 
 Inputs come from the TEXT arguments, else from ``--input FILE`` (one input per line, ``-`` for stdin), else from
 stdin. For question answering every input is a JSON object ``{"question": ..., "context": ...}`` (jsonl in a
-file); for the other tasks it is the text itself. Every input line gets one output line, in order: a blank (or
+file), for sentence similarity ``{"source_sentence": ..., "sentences": [...]}`` or ``{"text": ..., "text_pair":
+...}``; for the other tasks it is the text itself. Every input line gets one output line, in order: a blank (or
 whitespace-only) line gets ``null``, so output line N always answers input line N. Results are printed as they
 are computed, ``--batch-size`` inputs at a time, so a long file streams through.
 """
@@ -56,6 +57,10 @@ def add_cli(subparsers) -> None:
                    help="sentiment-analysis: how logits become scores (default: softmax, sigmoid for one label)")
     p.add_argument("--targets", type=lambda text: [t for t in text.split(",") if t],
                    help="fill-mask: comma-separated tokens to rank instead of the whole vocabulary")
+    p.add_argument("--pooling", choices=["auto", "mean", "cls", "pooler"],
+                   help="feature-extraction / sentence-similarity: how token states become one sentence vector "
+                        "(auto: the model card's or the model directory's; feature-extraction without it prints "
+                        "every token's vector)")
     p.add_argument("--handle-impossible-answer", action="store_true", default=None,
                    help="question-answering: also score 'no answer' (an empty answer at 0)")
     p.add_argument("--device", help="where the model runs: cpu, cuda, cuda:N or N (-1: the CPU); default: the GPU "
@@ -70,7 +75,7 @@ def add_cli(subparsers) -> None:
 # task options with a flag of their own (each refused for a task without the option)
 _TASK_FLAGS = {"top_k": "--top-k", "aggregation_strategy": "--aggregation-strategy",
                "function_to_apply": "--function-to-apply", "targets": "--targets",
-               "handle_impossible_answer": "--handle-impossible-answer"}
+               "handle_impossible_answer": "--handle-impossible-answer", "pooling": "--pooling"}
 
 
 def predict(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -139,7 +144,7 @@ def _inputs(args: argparse.Namespace, task: str) -> Iterator[tuple[str, object]]
         if not line.strip():
             yield where, _BLANK
             continue
-        yield where, (_qa_input(where, line) if task == "question-answering" else line)
+        yield where, (_json_input(where, line, task) if task in _JSON_TASKS else line)
 
 
 def _file_lines(path: str) -> Iterator[tuple[str, str]]:
@@ -152,12 +157,16 @@ def _file_lines(path: str) -> Iterator[tuple[str, str]]:
         raise DataError(f"--input {path} is not UTF-8 ({e}); convert it, e.g. with iconv -t UTF-8") from None
 
 
-def _qa_input(where: str, line: str) -> dict:
+# tasks whose inputs are JSON objects, one per line -> the object to show in the error for a line that is not JSON
+_JSON_TASKS = {"question-answering": '{"question": ..., "context": ...}',
+               "sentence-similarity": '{"source_sentence": ..., "sentences": [...]} or {"text": ..., "text_pair": ...}'}
+
+
+def _json_input(where: str, line: str, task: str) -> dict:
     try:
         item = json.loads(line)
     except json.JSONDecodeError as e:
-        raise DataError(f'{where}: not JSON ({e}); write one object {{"question": ..., "context": ...}} '
-                        "per line") from None
+        raise DataError(f"{where}: not JSON ({e}); write one object {_JSON_TASKS[task]} per line") from None
     return item
 
 
