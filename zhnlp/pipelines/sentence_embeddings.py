@@ -74,7 +74,8 @@ def _sentence_transformers_pooling(directory: Path) -> str | None:
         logger.warning("%s: modules.json is unreadable or names no pooling module; pass pooling= to choose one.",
                        directory)
         return None
-    modes = [m for m, key in (("cls", "pooling_mode_cls_token"), ("mean", "pooling_mode_mean_tokens")) if config.get(key)]
+    keys = (("cls", "pooling_mode_cls_token"), ("mean", "pooling_mode_mean_tokens"))
+    modes = [m for m, key in keys if config.get(key)]
     if len(modes) != 1:
         logger.warning("%s: the sentence-transformers pooling config %s is not one of mean or CLS pooling; pass "
                        "pooling= to choose one.", directory, sorted(k for k, v in config.items() if v is True))
