@@ -46,7 +46,7 @@ COMMANDS = {
                  "zhnlp.training.command:add_finetune_cli"),
     "plot": ("draw a run's curves (PNG)", "zhnlp.training.monitor:add_cli"),
     "export": ("write a training checkpoint as a transformers model directory", "zhnlp.training.export:add_cli"),
-    "evaluate": ("score predictions against a dataset (CMRC2018 EM/F1)", "zhnlp.metrics.command:add_cli"),
+    "evaluate": ("score predictions against a dataset (CMRC2018 EM/F1, STS Spearman)", "zhnlp.metrics.command:add_cli"),
     "predict": ("run an inference pipeline; one JSON result per line", "zhnlp.pipelines.command:add_cli"),
     "generate": ("generate text with a decoder model (ERNIE 4.5), streamed as it comes",
                  "zhnlp.pipelines.generate_command:add_cli"),

@@ -145,3 +145,22 @@ def test_predict_prints_similarities_and_vectors(encoder, tmp_path, capsys):
     capsys.readouterr()
     assert main(["predict", "sentence-similarity", "--model", str(directory), "--input", str(bad)]) != 0
     assert f"{bad}:1: not JSON" in capsys.readouterr().err
+
+
+def test_evaluate_sts_correlates_cosines_with_gold_scores(encoder, tmp_path, capsys):
+    from zhnlp.metrics.similarity import spearman
+
+    directory, model, tokenizer = encoder
+    rows = [(TEXTS[0], TEXTS[1], 1.0), (TEXTS[0], TEXTS[0], 5.0), (TEXTS[2], TEXTS[3], 2.5), (TEXTS[1], TEXTS[3], 0)]
+    data = tmp_path / "sts.jsonl"
+    data.write_text("".join(json.dumps({"text": a, "text_pair": b, "label": y}, ensure_ascii=False) + "\n"
+                            for a, b, y in rows), encoding="utf-8")
+    cosines = [torch.cosine_similarity(_reference(model, tokenizer, a, "cls"), _reference(model, tokenizer, b, "cls"),
+                                       dim=0).item() for a, b, _ in rows]
+    assert main(["evaluate", "sts", str(data), "--model", str(directory), "--pooling", "cls", "--batch-size", "3"]) == 0
+    printed = json.loads(capsys.readouterr().out)
+    assert printed["spearman"] == pytest.approx(100 * spearman(cosines, [y for *_, y in rows]), abs=1e-3)
+    assert printed["total"] == 4 and printed["pooling"] == "cls"
+    data.write_text('{"text": "今天", "text_pair": "明天"}\n', encoding="utf-8")
+    assert main(["evaluate", "sts", str(data), "--model", str(directory)]) != 0
+    assert f"{data}:1: expected a JSON object with text, text_pair and a numeric label" in capsys.readouterr().err

@@ -232,3 +232,41 @@ class SentenceSimilarityPipeline(_Embeddings):
             scores = (others @ source).clamp(-1.0, 1.0).tolist()
             results.append(scores if is_list else {"score": scores[0]})
         return results
+
+
+def read_pairs(path) -> tuple[list[tuple[str, str]], list[float]]:
+    """Sentence pairs and gold scores from a jsonl file of ``{"text", "text_pair", "label"}`` lines."""
+    from zhnlp.errors import DataError
+
+    pairs, gold = [], []
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except FileNotFoundError:
+        raise DataError(f"{path}: no such file; pass a jsonl file of {{text, text_pair, label}} lines "
+                        f"(e.g. test.jsonl from `zhnlp data fetch stsb-zh`).") from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            text, pair, label = row["text"], row["text_pair"], float(row["label"])
+        except (ValueError, KeyError, TypeError) as e:
+            raise DataError(f"{path}:{n}: expected a JSON object with text, text_pair and a numeric label "
+                            f"({type(e).__name__}: {e}).") from None
+        pairs.append((text, pair))
+        gold.append(label)
+    if len(pairs) < 2:
+        raise DataError(f"{path}: {len(pairs)} sentence pair(s); a correlation needs at least 2.")
+    return pairs, gold
+
+
+def evaluate_sts(model, path, pooling: str | None = None, batch_size: int = 32, max_length: int = 128) -> dict:
+    """Spearman and Pearson correlation (percent) of the model's cosine similarities with the gold scores of
+    ``path`` (see :func:`read_pairs`), with the pooling used."""
+    from zhnlp.metrics.similarity import sts_scores
+
+    pairs, gold = read_pairs(path)
+    sim = SentenceSimilarityPipeline(model, batch_size=batch_size, max_length=max_length,
+                                     **({"pooling": pooling} if pooling else {}))
+    predicted = [r["score"] for r in sim.iter_results({"text": a, "text_pair": b} for a, b in pairs)]
+    return {**sts_scores(predicted, gold), "pooling": sim.resolve_pooling(sim.options)}
