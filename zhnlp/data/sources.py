@@ -302,17 +302,59 @@ def locate_cmrc2018() -> Path:
     return directory
 
 
-def _build_cmrc(sources: Sources, out: Path) -> dict:
+def squad_counts(text: str, member: str, url: str) -> dict:
+    """Articles, paragraphs, questions and answers of a SQuAD-format file's text, and how many answers do not
+    stand at their ``answer_start``. Raises :class:`DataError` naming ``url`` for a file of another shape."""
     try:
-        articles = json.loads(_text(sources, "cmrc2018_trial.json"))["data"]
+        articles = json.loads(text)["data"]
         paragraphs = [p for a in articles for p in a["paragraphs"]]
         questions = [(p["context"], q) for p in paragraphs for q in p["qas"]]
         answers = [(c, a) for c, q in questions for a in q["answers"]]
         misplaced = sum(c[a["answer_start"]:a["answer_start"] + len(a["text"])] != a["text"] for c, a in answers)
     except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise DataError(f"cmrc2018_trial.json is not CMRC2018 in SQuAD format ({e!r}); "
-                        f"use the file from https://github.com/ymcui/cmrc2018") from e
-    for member in CMRC_MEMBERS:
-        (out / member).write_bytes(sources[member])  # verbatim: ShareAlike, and the metric expects the original
+        raise DataError(f"{member} is not in SQuAD format ({e!r}); use the file from {url}") from e
     return {"articles": len(articles), "paragraphs": len(paragraphs), "questions": len(questions),
             "answers": len(answers), "answers_not_at_answer_start": misplaced}
+
+
+def _build_cmrc(sources: Sources, out: Path) -> dict:
+    counts = squad_counts(_text(sources, "cmrc2018_trial.json"), "cmrc2018_trial.json",
+                          "https://github.com/ymcui/cmrc2018")
+    for member in CMRC_MEMBERS:
+        (out / member).write_bytes(sources[member])  # verbatim: ShareAlike, and the metric expects the original
+    return counts
+
+
+# ============================================================== drcd
+DRCD_MEMBERS = ("DRCD_dev.json", "DRCD_test.json", "LICENCE")
+DRCD_URL = "https://github.com/DRCKnowledgeTeam/DRCD"
+DRCD_ATTRIBUTION = (
+    "DRCD (Delta Reading Comprehension Dataset) dev and test sets, unmodified. Chih Chieh Shao, Trois Liu, Yuting "
+    "Lai, Yiying Tseng, Sam Tsai: DRCD: a Chinese Machine Reading Comprehension Dataset (arXiv:1806.00920), "
+    f"Delta Electronics, Inc., {DRCD_URL}. Compiled and adapted from Wikipedia; licensed CC-BY-SA-3.0 (full "
+    "notice in LICENCE beside the data); Delta Electronics makes no representations or warranties of the "
+    "correctness of the contents. Keep this attribution and share derivatives alike.")
+
+
+def locate_drcd() -> Path:
+    """The directory holding DRCD's dev and test sets: ``$ZHNLP_DRCD_DIR``, else ``../shared/data/drcd`` beside
+    the repository."""
+    env = os.environ.get("ZHNLP_DRCD_DIR")
+    directory = Path(env).expanduser() if env else REPO_ROOT.parent / "shared" / "data" / "drcd"
+    missing = [m for m in DRCD_MEMBERS if not (directory / m).is_file()]
+    if missing:
+        raise DataError(
+            f"DRCD is not available: {directory} lacks {', '.join(missing)}. It is not on PyPI; get DRCD_dev.json "
+            f"and DRCD_test.json (SQuAD format) from the official repository {DRCD_URL}, put them in a directory "
+            f"together with the CC-BY-SA-3.0 licence notice saved as LICENCE, and set ZHNLP_DRCD_DIR to that "
+            f"directory")
+    return directory
+
+
+def _build_drcd(sources: Sources, out: Path) -> dict:
+    counts = {}
+    for member, split in zip(DRCD_MEMBERS, ("dev", "test")):
+        counts[split] = squad_counts(_text(sources, member), member, DRCD_URL)
+    for member in DRCD_MEMBERS:
+        (out / member).write_bytes(sources[member])  # verbatim, as CMRC2018: ShareAlike, the metric reads the original
+    return counts

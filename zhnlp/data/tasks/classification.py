@@ -3,7 +3,9 @@
 File formats, told apart by the first non-blank line (``{`` starts JSON lines) and the suffix (``.csv``):
 
 * JSON lines: ``{"text": ..., "label": ...}`` or ``{"text_a": ..., "text_b": ..., "label": ...}`` (``text`` is an
-  alias of ``text_a``); the label is an int or a string and may be absent in unlabelled prediction files.
+  alias of ``text_a``, ``text_pair`` of ``text_b``: the pipelines' names, which ``zhnlp data fetch lcqmc`` and the
+  other sentence-pair datasets write); the label is an int or a string and may be absent in unlabelled prediction
+  files.
   Other keys (``id``, ``qid``, ...) are ignored.
 * TSV (ChnSentiCorp / CLUE style): a header line naming the columns, e.g. ``label<TAB>text_a``,
   ``qid<TAB>label<TAB>text_a`` or ``text_a<TAB>text_b<TAB>label``; no quoting, a tab never occurs inside a field.
@@ -137,6 +139,10 @@ def _row_example(row: dict, number: int) -> tuple[TextExample | None, str | None
     """(example, None) for a valid row (a JSON line, a dataset row), else (None, what is wrong)."""
     if "text" in row and "text_a" in row:
         return None, "has both 'text' and 'text_a' (aliases); keep one of them"
+    if "text_pair" in row:
+        if "text_b" in row:
+            return None, "has both 'text_b' and 'text_pair' (aliases); keep one of them"
+        row = {**row, "text_b": row["text_pair"]}
     key = "text" if "text" in row else "text_a"
     if key not in row:
         return None, "missing field 'text' (or 'text_a'); add the text to classify"
