@@ -35,6 +35,7 @@ _LAZY = {
     "AutoModel": "zhnlp.auto",
     "AutoModelForCausalLM": "zhnlp.auto",
     "AutoModelForMaskedLM": "zhnlp.auto",
+    "AutoModelForPreTraining": "zhnlp.auto",
     "AutoModelForQuestionAnswering": "zhnlp.auto",
     "AutoModelForSequenceClassification": "zhnlp.auto",
     "AutoModelForTokenClassification": "zhnlp.auto",

@@ -95,6 +95,7 @@ class _Auto:
         if isinstance(config, str):
             config = dict(cards.require_card(config).config)
         family, config = as_family_config(config)
+        _check_head(family, cls, config.model_type, "the config")
         params_dtype = loading.pick_dtype(dtype, torch_dtype, {})
         distributed.layout()
         model = PretrainedModel.from_config(family, config, cls.head, seed=seed,
@@ -131,8 +132,9 @@ def _check_head(family, cls, model_type, source: str) -> None:
         from zhnlp.errors import CheckpointError
 
         fits = [c.__name__ for c in _Auto.__subclasses__() if c.head in family.bridge.HEAD_PARTS]
-        what = ("a decoder (causal LM) such as ERNIE 4.5 (model_type ernie4_5 or ernie4_5_moe)" if cls.head ==
-                "causal_lm" else f"a model family with the {cls.head} head")
+        what = {"causal_lm": "a decoder (causal LM) such as ERNIE 4.5 (model_type ernie4_5 or ernie4_5_moe)",
+                "pretraining": "a family with a pretraining head, such as an ELECTRA discriminator (model_type "
+                               "electra)"}.get(cls.head, f"a model family with the {cls.head} head")
         raise CheckpointError(f"{source}: model_type {model_type!r} has no {cls.head} head in zhnlp, so "
                               f"{cls.__name__} cannot load it; it needs {what}. This model loads with "
                               f"{', '.join(fits) or 'no zhnlp Auto class'}.")
@@ -146,7 +148,8 @@ def _check_overrides(config_class, raw: dict, overrides: dict) -> None:
 
 
 class AutoModel(_Auto):
-    """Encoder outputs: ``last_hidden_state`` (b, s, h) and ``pooler_output`` (b, h)."""
+    """Encoder outputs: ``last_hidden_state`` (b, s, h) and, where the family has a pooler (ERNIE/BERT, not
+    ELECTRA), ``pooler_output`` (b, h)."""
 
     head = "base"
 
@@ -175,6 +178,14 @@ class AutoModelForQuestionAnswering(_Auto):
     head = "question_answering"
 
 
+class AutoModelForPreTraining(_Auto):
+    """A family's pretraining head. ELECTRA: the discriminator, ``logits`` (b, s) with one replaced-token score
+    per token and, given ``labels`` (b, s) of 1 (replaced) / 0 (original), ``loss``: the binary cross entropy
+    over the tokens ``attention_mask`` marks as real."""
+
+    head = "pretraining"
+
+
 class AutoModelForCausalLM(_Auto):
     """Decoder LLMs (ERNIE 4.5): ``model(input_ids, attention_mask=None, position_ids=None, labels=None)`` gives
     ``logits`` (b, s, vocab) and, with labels, ``loss``: the mean over tokens whose label (shifted one position
@@ -183,5 +194,6 @@ class AutoModelForCausalLM(_Auto):
     head = "causal_lm"
 
 
-__all__ = ["AutoModel", "AutoModelForCausalLM", "AutoModelForMaskedLM", "AutoModelForQuestionAnswering",
-           "AutoModelForSequenceClassification", "AutoModelForTokenClassification", "ModelNotFoundError"]
+__all__ = ["AutoModel", "AutoModelForCausalLM", "AutoModelForMaskedLM", "AutoModelForPreTraining",
+           "AutoModelForQuestionAnswering", "AutoModelForSequenceClassification", "AutoModelForTokenClassification",
+           "ModelNotFoundError"]

@@ -21,6 +21,7 @@ HEADS = {
     "sequence_classification": zhnlp.AutoModelForSequenceClassification,
     "token_classification": zhnlp.AutoModelForTokenClassification,
     "question_answering": zhnlp.AutoModelForQuestionAnswering,
+    "pretraining": zhnlp.AutoModelForPreTraining,
 }
 INPUTS = ("input_ids", "attention_mask", "token_type_ids", "task_type_ids")
 TARGETS = ("labels", "start_positions", "end_positions")

@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import save_file
 
 from tests.conftest import torchrun
-from tests.tiny import CONFIGS, HF_CLASSES, hf_model, inputs
+from tests.tiny import CASES, hf_class_name, hf_model, inputs
 
 pytestmark = [pytest.mark.distributed, pytest.mark.slow]
 WORKER = Path(__file__).with_name("parity_worker.py")
@@ -22,20 +22,19 @@ OUTPUT_NAMES = ("loss", "logits", "last_hidden_state", "pooler_output", "start_l
 @pytest.fixture(scope="module")
 def cases(tmp_path_factory):
     root = tmp_path_factory.mktemp("cases")
-    for name in CONFIGS:
-        for head in HF_CLASSES:
-            case = root / f"{name}-{head}"
-            hf = hf_model(name, head)
-            hf.save_pretrained(case / "hf")
-            batch = inputs(name, head)
-            with torch.no_grad():
-                ref = hf(**batch, output_hidden_states=True)
-            save_file({k: v.contiguous() for k, v in batch.items()}, str(case / "inputs.safetensors"))
-            expected = {k: ref[k].contiguous() for k in OUTPUT_NAMES if getattr(ref, k, None) is not None}
-            expected.update({f"hidden_states.{i}": h.clone() for i, h in enumerate(ref.hidden_states)})
-            save_file(expected, str(case / "reference.safetensors"))
-            (case / "meta.json").write_text(json.dumps({"name": name, "head": head,
-                                                        "num_parameters": hf.num_parameters()}))
+    for name, head in CASES:
+        case = root / f"{name}-{head}"
+        hf = hf_model(name, head)
+        hf.save_pretrained(case / "hf")
+        batch = inputs(name, head)
+        with torch.no_grad():
+            ref = hf(**batch, output_hidden_states=True)
+        save_file({k: v.contiguous() for k, v in batch.items()}, str(case / "inputs.safetensors"))
+        expected = {k: ref[k].contiguous() for k in OUTPUT_NAMES if getattr(ref, k, None) is not None}
+        expected.update({f"hidden_states.{i}": h.clone() for i, h in enumerate(ref.hidden_states)})
+        save_file(expected, str(case / "reference.safetensors"))
+        (case / "meta.json").write_text(json.dumps({"name": name, "head": head,
+                                                    "num_parameters": hf.num_parameters()}))
     return root
 
 
@@ -54,8 +53,7 @@ def check(cases: Path, tag: str, nproc: int) -> None:
         saved = case / f"saved-{tag}"
         if saved.exists():
             meta = json.loads((case / "meta.json").read_text())
-            prefix = "Ernie" if CONFIGS[meta["name"]]["model_type"] == "ernie" else "Bert"
-            cls = getattr(transformers, prefix + HF_CLASSES[meta["head"]])
+            cls = getattr(transformers, hf_class_name(meta["name"], meta["head"]))
             a = cls.from_pretrained(case / "hf").state_dict()
             b = cls.from_pretrained(saved).state_dict()
             # saved in shards of at most 20KB (a larger tensor alone) by each stage, numbered over all stages

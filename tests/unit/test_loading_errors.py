@@ -17,7 +17,6 @@ from zhnlp.conversion import engine
 from zhnlp.conversion.mappings import FuseQKV, Rename, Tied
 from zhnlp.errors import CheckpointError, ModelNotFoundError, TokenizerError
 from zhnlp.models.common.pretrained import PretrainedModel
-from zhnlp.models.ernie import FAMILY, bridge
 from zhnlp.models.ernie.config import ErnieConfig
 from zhnlp.tokenizers import AutoTokenizer, WordPieceTokenizer, read_vocab, train_sentencepiece
 from zhnlp.tokenizers.auto import check_tokenizer_fits
@@ -199,14 +198,20 @@ def test_mapping_shapes_per_kind():
     assert qkv.hf_shapes(0, (96,)) == {"h.0.q": (32,), "h.0.k": (32,), "h.0.v": (32,)}
 
 
-@pytest.mark.parametrize("head", list(bridge.HEAD_PARTS))
-@pytest.mark.parametrize("name", list(CONFIGS))
+def _family(name):
+    from zhnlp.models import family_for_model_type
+
+    return family_for_model_type(CONFIGS[name]["model_type"])
+
+
+@pytest.mark.parametrize("name,head", [(n, h) for n in CONFIGS for h in _family(n).bridge.HEAD_PARTS])
 def test_full_shapes_describe_the_built_model(name, head):
     """bridge.full_shapes (used to check a checkpoint before any stage is built) equals the
-    shapes of the model's parameters."""
-    arch = ErnieConfig.from_dict(dict(CONFIGS[name], num_labels=3))
-    model = PretrainedModel(FAMILY, arch, head, {"perform_initialization": False})
-    table, shapes = bridge.table(arch), bridge.full_shapes(arch)
+    shapes of the model's parameters, for every family of the tiny configs and each of its heads."""
+    family = _family(name)
+    arch = family.config_class.from_dict(dict(CONFIGS[name], num_labels=3))
+    model = PretrainedModel(family, arch, head, {"perform_initialization": False})
+    table, shapes = family.bridge.table(arch), family.bridge.full_shapes(arch)
     names = engine.global_param_names(model.chunks[0])
     for local, p in model.chunks[0].named_parameters():
         mapping, _ = table.find(names[local])

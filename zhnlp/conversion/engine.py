@@ -171,13 +171,17 @@ def is_expert(name: str) -> bool:
 def global_param_names(chunk) -> dict[str, str]:
     """Local parameter name -> name with the *global* layer index (pipeline stages own a slice
     of the layers and number them from 0 locally) and, for routed experts, the global expert index
-    (expert-parallel ranks own a slice of the experts and number them from 0 locally)."""
+    (expert-parallel ranks own a slice of the experts and number them from 0 locally).
+
+    A layer whose weights are those of an earlier layer (ALBERT's shared layers: its
+    ``shares_parameters_of`` attribute, a global 0-based layer index) names them by that layer, so that
+    every copy of a shared weight, on whichever stage or chunk, has one name."""
     out = {}
     for name, _ in chunk.named_parameters():
         parts = name.split(".")
         if len(parts) > 2 and parts[0] == "encoder" and parts[1] == "layers":
             layer = chunk.encoder.layers[int(parts[2])]
-            parts[2] = str(layer.layer_number - 1)
+            parts[2] = str(getattr(layer, "shares_parameters_of", layer.layer_number - 1))
             if is_expert(name):  # encoder.layers.L.mlp.experts.local_experts.J....
                 j = parts.index("local_experts") + 1
                 parts[j] = str(layer.mlp.local_expert_indices[int(parts[j])])
@@ -347,7 +351,9 @@ def gather_chunk(chunk, table: Table, tp_group, tp_size: int, experts=None) -> d
         if dim is not None and size > 1:
             full = torch.cat(_all_gather(full, group, size), dim=dim)
         mapping, layer = table.find(names[local])
-        if isinstance(mapping, Tied):
+        if isinstance(mapping, Tied) or getattr(p, "shared", False):
+            # megatron's mark of a duplicate whose gradient is synchronised elsewhere (the tied output layer of a
+            # last stage, a copy of a shared layer's weights another stage or chunk owns): never written
             continue
         if is_expert(local) and experts[3] > 1:  # rank r holds experts r*n .. r*n+n-1, in the same order
             local_index = int(local.split(".")[local.split(".").index("local_experts") + 1])

@@ -249,3 +249,27 @@ class Unsqueeze(Rename):
 
     def to_hf(self, full, layer):
         return {_fill(self.hf, layer): full.reshape(1, -1)}
+
+
+@dataclass
+class SharedLayer(Mapping):
+    """One checkpoint weight that serves several layers (ALBERT's layer groups): every megatron layer ``j``
+    (``*`` in ``megatron``) reads the keys of ``inner`` (a Rename or FuseQKV whose checkpoint names have two
+    ``*``: group and layer within the group) at ``slots[j]``, its ``(group, inner)`` index. Loading fills each
+    layer's copy from the same keys; saving writes them once (the engine skips the copies marked ``shared``)."""
+
+    inner: Mapping | None = None
+    slots: tuple[tuple[int, int], ...] = ()
+    head: str | None = None
+
+    def hf_keys(self, layer):
+        return self.inner.hf_keys(self.slots[layer])
+
+    def hf_shapes(self, layer, full):
+        return self.inner.hf_shapes(self.slots[layer], full)
+
+    def to_megatron(self, read, layer, rows, full_rows):
+        return self.inner.to_megatron(read, self.slots[layer], rows, full_rows)
+
+    def to_hf(self, full, layer):
+        return self.inner.to_hf(full, self.slots[layer])

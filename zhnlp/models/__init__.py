@@ -7,9 +7,10 @@ from zhnlp.models.common.family import Family
 
 
 def families() -> dict[str, Family]:
-    from zhnlp.models import ernie, ernie4_5
+    from zhnlp.models import albert, ernie, ernie4_5, ernie_m, electra, roformer
 
-    return {f.name: f for f in (ernie.FAMILY, ernie4_5.FAMILY)}
+    return {f.name: f for f in (ernie.FAMILY, ernie4_5.FAMILY, electra.FAMILY, roformer.FAMILY, albert.FAMILY,
+                                ernie_m.FAMILY)}
 
 
 def family_for_model_type(model_type: str | None, source: str = "") -> Family:

@@ -8,9 +8,11 @@
 
 from zhnlp.tokenizers.auto import AutoTokenizer
 from zhnlp.tokenizers.ernie4_5 import load_ernie4_5_tokenizer, train_ernie4_5_tokenizer
+from zhnlp.tokenizers.ernie_m import ErnieMTokenizer, load_ernie_m_tokenizer
 from zhnlp.tokenizers.sentencepiece import load_sentencepiece, train_sentencepiece
 from zhnlp.tokenizers.train import add_cli, train_wordpiece
 from zhnlp.tokenizers.wordpiece import WordPieceTokenizer, read_vocab
 
-__all__ = ["AutoTokenizer", "WordPieceTokenizer", "add_cli", "load_ernie4_5_tokenizer", "load_sentencepiece",
+__all__ = ["AutoTokenizer", "ErnieMTokenizer", "WordPieceTokenizer", "add_cli", "load_ernie4_5_tokenizer",
+           "load_ernie_m_tokenizer", "load_sentencepiece",
            "read_vocab", "train_ernie4_5_tokenizer", "train_sentencepiece", "train_wordpiece"]

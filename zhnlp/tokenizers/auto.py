@@ -9,7 +9,13 @@ What the directory holds decides the tokenizer:
 * the ERNIE 4.5 layout (``tokenizer.model`` with ERNIE 4.5's ``tokenizer_config.json``, ``added_tokens.json``
   and chat template, see :mod:`zhnlp.tokenizers.ernie4_5`): the ids, special tokens and template of
   transformers' own ERNIE 4.5 tokenizer, without running the repository's ``tokenization_ernie4_5.py``;
-* a SentencePiece ``*.model`` alone: converted with :func:`zhnlp.tokenizers.sentencepiece.load_sentencepiece`.
+* a SentencePiece ``*.model`` alone: converted with :func:`zhnlp.tokenizers.sentencepiece.load_sentencepiece`;
+* a RoFormer directory (``vocab.txt`` with tokenizer class ``RoFormerTokenizer``, or none and config.json's
+  ``model_type`` ``roformer``): transformers' ``RoFormerTokenizer`` (jieba words before WordPiece, see
+  :mod:`zhnlp.tokenizers.roformer`);
+* the ERNIE-M layout (``sentencepiece.bpe.model`` and ``vocab.txt``, tokenizer class ``ErnieMTokenizer`` or
+  config.json's ``model_type`` ``ernie_m``): transformers 4.x's ``ErnieMTokenizer`` ids, from a Python tokenizer
+  (see :mod:`zhnlp.tokenizers.ernie_m`).
 
 No repository code is ever executed: ``trust_remote_code=True`` is refused.
 """
@@ -28,7 +34,7 @@ from zhnlp.tokenizers.wordpiece import WordPieceTokenizer, wordpiece_config_flag
 
 # tokenizer_class values of WordPiece checkpoints that zhnlp rebuilds from vocab.txt.
 WORDPIECE_CLASSES = {"BertTokenizer", "BertTokenizerFast", "ErnieTokenizer", "ErnieTokenizerFast",
-                     "ErnieMTokenizer", "ElectraTokenizer", "ElectraTokenizerFast"}
+                     "ElectraTokenizer", "ElectraTokenizerFast"}
 
 
 def _tokenizer_dir(name_or_path: str | os.PathLike, revision: str | None) -> Path:
@@ -115,6 +121,22 @@ class AutoTokenizer:
             from zhnlp.tokenizers.ernie4_5 import load_ernie4_5_tokenizer
 
             tokenizer = load_ernie4_5_tokenizer(directory, **kwargs)
+            tokenizer.name_or_path = os.fspath(name_or_path)
+            return tokenizer
+        from zhnlp.tokenizers.ernie_m import is_ernie_m_layout
+
+        if is_ernie_m_layout(directory, config):  # before WordPiece: the layout has a vocab.txt too
+            from zhnlp.tokenizers.ernie_m import load_ernie_m_tokenizer
+
+            tokenizer = load_ernie_m_tokenizer(directory, **kwargs)
+            tokenizer.name_or_path = os.fspath(name_or_path)
+            return tokenizer
+        from zhnlp.tokenizers.roformer import is_roformer_layout
+
+        if is_roformer_layout(directory, config):
+            from zhnlp.tokenizers.roformer import load_roformer_tokenizer
+
+            tokenizer = load_roformer_tokenizer(directory, **kwargs)
             tokenizer.name_or_path = os.fspath(name_or_path)
             return tokenizer
         tokenizer_class = config.get("tokenizer_class")

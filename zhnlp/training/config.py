@@ -34,8 +34,9 @@ def _section(cls):
 
 
 # The pretraining objective of each family (by zhnlp.models Family.name): its head in
-# PretrainedModel.from_config and the dataset the trainer builds for it.
-PRETRAINING_HEADS = {"ernie": "mlm", "ernie4_5": "causal_lm"}
+# PretrainedModel.from_config and the dataset the trainer builds for it. ELECTRA: its generator (ElectraForMaskedLM);
+# the joint generator + discriminator objective (replaced-token detection) is not implemented.
+PRETRAINING_HEADS = {"ernie": "mlm", "ernie4_5": "causal_lm", "albert": "mlm", "electra": "mlm", "roformer": "mlm"}
 
 
 @dataclass
@@ -150,7 +151,14 @@ class RunConfig:
     @property
     def head(self) -> str:
         """The pretraining head of the family: masked LM for encoders, causal LM for decoders."""
-        return PRETRAINING_HEADS[self.family.name]
+        head = PRETRAINING_HEADS.get(self.family.name)
+        if head is None:
+            from zhnlp.errors import CheckpointError
+
+            raise CheckpointError(f"zhnlp has no pretraining objective for the {self.family.name} family (model_type "
+                                  f"{self.model.get('model_type')!r}: it has no masked-LM or causal-LM head); "
+                                  f"fine-tune such a model with `zhnlp finetune` instead.")
+        return head
 
     def architecture(self):
         """``model`` as the family's architecture config (its checks run here)."""
@@ -221,10 +229,12 @@ class RunConfig:
         if arch is not None and not moe and (m.moe_expert_capacity_factor is not None or m.moe_aux_loss_coeff):
             problems.append("the moe settings (moe_aux_loss_coeff, moe_expert_capacity_factor) need a "
                             "mixture-of-experts model")
-        if arch is not None and self.head != "causal_lm" and (d.reset_attention or d.eod_mask_loss):
+        # fine-tuning runs are checked here too: a family without a pretraining head is no error here
+        causal = arch is not None and PRETRAINING_HEADS.get(self.family.name) == "causal_lm"
+        if arch is not None and not causal and (d.reset_attention or d.eod_mask_loss):
             problems.append("reset_attention and eod_mask_loss are causal-LM settings; this recipe's model is "
                             "pretrained with masked LM")
-        if arch is not None and self.head != "causal_lm" and d.per_token_loss:
+        if arch is not None and not causal and d.per_token_loss:
             problems.append("per_token_loss is a causal-LM setting (the masked-LM loss is averaged per micro-batch)")
         try:
             if arch is not None:

@@ -181,6 +181,13 @@ class Trainer:
                 start_wd=o.weight_decay, end_wd=o.weight_decay, wd_incr_steps=cfg.steps, wd_incr_style="constant")
         # megatron reads these from the model config inside its schedules
         tconf.finalize_model_grads_func = finalize_model_grads  # DP/TP/embedding gradient reductions
+        family_grads = self.model.family.finalize_grads
+        if family_grads is not None:  # the family's own reductions first (ALBERT: its shared layers' copies)
+            def finalize(model, *args, **kwargs):
+                family_grads(model)
+                return finalize_model_grads(model, *args, **kwargs)
+
+            tconf.finalize_model_grads_func = finalize
         tconf.no_sync_func = [c.no_sync for c in self.chunks] if len(self.chunks) > 1 else self.chunks[0].no_sync
         tconf.grad_scale_func = self.optimizer.scale_loss
         self.dp_group = ps.get_data_parallel_group()

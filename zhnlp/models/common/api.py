@@ -43,6 +43,10 @@ def num_parameters(model, only_trainable: bool, exclude_embeddings: bool) -> int
         stages = [None] * model.layout.pp
         dist.all_gather_object(stages, counts, group=group)
         counts = {k: v for stage in stages for k, v in stage.items()}
+    constants = getattr(model.family.bridge, "constant_weights", None)
+    if constants is not None and not (only_trainable or exclude_embeddings):
+        # frozen embedding tables transformers keeps as parameters (RoFormer's sinusoidal positions)
+        counts.update({k: t.numel() for k, t in constants(model.config).items()})
     return sum(counts.values())
 
 

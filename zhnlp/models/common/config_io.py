@@ -24,11 +24,17 @@ class ConfigFiles:
             problems.append(f"the padded vocabulary ({self.vocab_size} -> {self.padded_vocab_size}) "
                             f"is not divisible by tp={tp}")
         stages = pp * (vpp or 1)
-        if self.num_hidden_layers % stages:
-            problems.append(f"num_hidden_layers={self.num_hidden_layers} is not divisible by pp*vpp={stages}")
+        layers, shown = self.pipeline_layers()
+        if layers % stages:
+            problems.append(f"{shown} is not divisible by pp*vpp={stages}")
         if problems:
             raise LayoutError("this model does not fit the parallel layout: " + "; ".join(problems)
                               + ". Choose tp/pp/vpp that divide these sizes.")
+
+    def pipeline_layers(self) -> tuple[int, str]:
+        """The number of transformer layers a pipeline splits (megatron's ``num_layers``) and how a message
+        names it; a family that applies more layers than ``num_hidden_layers`` (ALBERT) overrides it."""
+        return self.num_hidden_layers, f"num_hidden_layers={self.num_hidden_layers}"
 
     def to_json_string(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"

@@ -18,24 +18,29 @@ HEADS = ("base", "mlm", "sequence_classification", "token_classification", "ques
 
 
 class Pooler(torch.nn.Module):
-    """``tanh(W h_[CLS] + b)``: (s, b, h) -> (b, h)."""
+    """``act(W h_[CLS] + b)``: (s, b, h) -> (b, h). ``activation``: tanh (BERT/ERNIE) unless given (RoFormer-Sim's
+    pooler is linear: ``activation=None``)."""
 
-    def __init__(self, hidden_size: int, dtype):
+    def __init__(self, hidden_size: int, dtype, activation=torch.tanh):
         super().__init__()
         self.dense = torch.nn.Linear(hidden_size, hidden_size, dtype=dtype)
+        self.activation = activation
 
     def forward(self, hidden):
-        return torch.tanh(self.dense(hidden[0]))
+        pooled = self.dense(hidden[0])
+        return pooled if self.activation is None else self.activation(pooled)
 
 
 class MaskedLMTransform(torch.nn.Module):
-    """dense -> activation -> LayerNorm, applied before the tied vocabulary projection."""
+    """dense -> activation -> LayerNorm, applied before the tied vocabulary projection. ``out_size`` (default: the
+    hidden size) is the width of the result: ELECTRA's generator maps to its narrower embedding width."""
 
-    def __init__(self, config, hidden_act: str, layer_norm_eps: float):
+    def __init__(self, config, hidden_act: str, layer_norm_eps: float, out_size: int | None = None):
         super().__init__()
-        self.dense = torch.nn.Linear(config.hidden_size, config.hidden_size, dtype=config.params_dtype)
+        out = out_size or config.hidden_size
+        self.dense = torch.nn.Linear(config.hidden_size, out, dtype=config.params_dtype)
         self.act = ACTIVATIONS[hidden_act]
-        self.layernorm = LayerNorm(config, config.hidden_size, eps=layer_norm_eps, sequence_parallel=False)
+        self.layernorm = LayerNorm(config, out, eps=layer_norm_eps, sequence_parallel=False)
 
     def forward(self, hidden):
         return self.layernorm(self.act(self.dense(hidden)))
@@ -51,6 +56,23 @@ class LinearHead(torch.nn.Module):
 
     def forward(self, hidden):
         return self.out(self.dropout(hidden))
+
+
+class ClassificationHead(torch.nn.Module):
+    """A sentence classifier on the first token: dropout, ``dense`` (h -> h), ``activation``, dropout, ``out_proj``
+    (h -> labels); RoFormer's (the encoder's activation) and ELECTRA's (GELU). (s, b, h) -> (b, labels)."""
+
+    def __init__(self, hidden_size: int, num_labels: int, dropout: float, activation, dtype):
+        super().__init__()
+        self.dropout = torch.nn.Dropout(dropout)
+        self.dense = torch.nn.Linear(hidden_size, hidden_size, dtype=dtype)
+        self.activation = activation
+        self.out_proj = torch.nn.Linear(hidden_size, num_labels, dtype=dtype)
+
+    def forward(self, hidden):
+        x = self.dropout(hidden[0])  # (b, h): the first token ([CLS])
+        x = self.dropout(self.activation(self.dense(x)))
+        return self.out_proj(x)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -115,9 +137,20 @@ def question_answering_loss(start_logits, end_logits, start_positions, end_posit
             + F.cross_entropy(end_logits, end, ignore_index=ignored)) / 2
 
 
+def replaced_token_detection_loss(logits, labels, attention_mask=None):
+    """ELECTRA's discriminator loss: binary cross entropy of one logit per token against labels 1 (replaced) / 0
+    (original), averaged over the real tokens (``attention_mask`` 1; every token without a mask).
+    logits (b, s), labels (b, s), attention_mask (b, s)."""
+    if attention_mask is not None:
+        real = attention_mask == 1
+        logits, labels = logits[real], labels[real]
+    return F.binary_cross_entropy_with_logits(logits.float(), labels.float())
+
+
 def head_loss(head: str, outputs: dict, num_labels: int, problem_type: str | None,
-              labels=None, start_positions=None, end_positions=None):
-    """The loss of a head from its complete, batch-first outputs, or None without labels."""
+              labels=None, start_positions=None, end_positions=None, attention_mask=None):
+    """The loss of a head from its complete, batch-first outputs, or None without labels
+    (``attention_mask``: the batch's, read by the heads whose loss skips padding)."""
     if head == "question_answering":
         if start_positions is None or end_positions is None:
             return None
@@ -128,4 +161,6 @@ def head_loss(head: str, outputs: dict, num_labels: int, problem_type: str | Non
         return masked_lm_loss(outputs["logits"], labels)
     if head == "sequence_classification":
         return sequence_classification_loss(outputs["logits"], labels, num_labels, problem_type)
+    if head == "pretraining":
+        return replaced_token_detection_loss(outputs["logits"], labels, attention_mask)
     return token_classification_loss(outputs["logits"], labels)

@@ -149,10 +149,12 @@ class PostLNTransformerLayer(TransformerLayer):
         self.first_token_only = on
         self.self_attention.core_attention.first_query_only = on
 
-    def forward(self, hidden_states, attention_mask=None, context=None, **_unused):
-        # hidden_states: (s, b, h), or (s/tp, b, h) under sequence parallelism
+    def forward(self, hidden_states, attention_mask=None, context=None, rotary_pos_emb=None, **_unused):
+        # hidden_states: (s, b, h), or (s/tp, b, h) under sequence parallelism. rotary_pos_emb: whatever the
+        # block was given for the self-attention (RoFormer's rotary cos/sin; None for ERNIE/BERT)
         bda = self.self_attn_bda(self.training, self.config.bias_dropout_fusion)
-        attn_out_with_bias = self.self_attention(hidden_states, attention_mask=attention_mask)
+        attn_out_with_bias = self.self_attention(hidden_states, attention_mask=attention_mask,
+                                                 rotary_pos_emb=rotary_pos_emb)
         residual = hidden_states
         if self.first_token_only:  # keep [CLS]: (1, b, h), or (b, 1, h) when packed
             if is_packed(hidden_states, attention_mask):

@@ -162,9 +162,10 @@ class PretrainedModel(torch.nn.Module):
         """Run the model; inputs are batch-first ``(b, s)``. Every rank receives complete outputs.
 
         ``output_hidden_states=True`` adds ``hidden_states``: the embeddings' output and every layer's,
-        ``num_hidden_layers + 1`` tensors ``(b, s, h)``, as transformers returns them. ``return_dict=False``
-        returns the tuple of present outputs (``out.to_tuple()``). Attention probabilities are not
-        available: megatron's attention does not return them.
+        ``num_hidden_layers + 1`` tensors ``(b, s, h)`` (one per layer applied: more for ALBERT with
+        ``inner_group_num`` > 1), as transformers returns them. ``return_dict=False`` returns the tuple of
+        present outputs (``out.to_tuple()``). Attention probabilities are not available: megatron's attention
+        does not return them.
 
         Mixture-of-experts models: ``output_router_logits=True`` (default: the config's ``output_router_logits``)
         adds ``router_logits``, one ``(b*s, experts)`` float32 tensor per MoE layer (batch-major rows, as
@@ -240,7 +241,7 @@ class PretrainedModel(torch.nn.Module):
             out = self._run(batch, targets)
         b = batch["input_ids"].shape[0]  # (a virtual pipeline may have run extra rows: dropped)
         out["hidden_states"] = tuple(h[:b] for h in recorder.complete(
-            self.layout, self.transformer_config.params_dtype, self.config.num_hidden_layers))
+            self.layout, self.transformer_config.params_dtype, self.transformer_config.num_layers))
         return ModelOutput(out)
 
     def _run(self, batch: dict, targets: dict) -> ModelOutput:
@@ -252,7 +253,8 @@ class PretrainedModel(torch.nn.Module):
 
             loss = causal_lm_loss(out["logits"], targets.get("labels"))
         else:
-            loss = H.head_loss(self.head, out, self.config.num_labels, self.config.problem_type, **targets)
+            loss = H.head_loss(self.head, out, self.config.num_labels, self.config.problem_type,
+                               attention_mask=batch.get("attention_mask"), **targets)
         if loss is not None:
             out["loss"] = loss
         return ModelOutput(out)

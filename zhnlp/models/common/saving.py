@@ -55,6 +55,10 @@ def save(model, directory: Path, max_shard_size: int | str = "50GB") -> None:
             gathered = engine.gather_chunk(chunk, table, ps.get_tensor_model_parallel_group(), lay.tp, experts)
             if writer:
                 tensors.update({rename(k): v for k, v in gathered.items()})
+        constants = getattr(bridge, "constant_weights", None)  # tables transformers stores, zhnlp recomputes
+        if writer and lay.pp_rank == 0 and constants is not None:
+            dtype = model.transformer_config.params_dtype
+            tensors.update({rename(k): v.to(dtype) for k, v in constants(model.config).items()})
         if writer:
             split = split_torch_state_dict_into_shards(tensors, max_shard_size=max_shard_size)
             groups = [sorted(keys) for _, keys in sorted(split.filename_to_tensors.items())]
