@@ -14,7 +14,7 @@ import transformers
 
 import zhnlp
 from zhnlp.cli import main
-from zhnlp.pipelines.sentence_embeddings import pool
+from zhnlp.pipelines.sentence_embeddings import pool, pooling_of
 from zhnlp.tokenizers.wordpiece import WordPieceTokenizer
 
 VOCAB = Path(__file__).resolve().parents[1] / "assets" / "bert-base-chinese-vocab.txt"
@@ -164,3 +164,28 @@ def test_evaluate_sts_correlates_cosines_with_gold_scores(encoder, tmp_path, cap
     data.write_text('{"text": "今天", "text_pair": "明天"}\n', encoding="utf-8")
     assert main(["evaluate", "sts", str(data), "--model", str(directory)]) != 0
     assert f"{data}:1: expected a JSON object with text, text_pair and a numeric label" in capsys.readouterr().err
+
+
+def test_pooling_of_cards():
+    assert pooling_of("m3e-small") == "mean"
+    assert pooling_of("roformer-chinese-sim-char-small") == "pooler"
+    assert pooling_of("bert-base-chinese") is None  # not a sentence-embedding model: the card says nothing
+    assert pooling_of("someone/not-a-card") is None
+
+
+def test_a_masked_lm_checkpoint_embeds_without_its_missing_pooler(tmp_path):
+    directory = tmp_path / "mlm"
+    config = transformers.BertConfig(vocab_size=21128, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                                     intermediate_size=48, max_position_embeddings=64, initializer_range=0.5)
+    torch.manual_seed(1)
+    mlm = transformers.BertForMaskedLM(config).eval()  # no pooler in the checkpoint
+    mlm.save_pretrained(directory)
+    tokenizer = WordPieceTokenizer.from_vocab(VOCAB)
+    tokenizer.save_pretrained(directory)
+    embed = zhnlp.pipeline("feature-extraction", directory, pooling="mean")
+    enc = tokenizer(TEXTS[1], return_tensors="pt")
+    with torch.no_grad():
+        expected = mlm.bert(**enc).last_hidden_state[0].mean(0)
+    torch.testing.assert_close(torch.tensor(embed(TEXTS[1])), expected, atol=1e-5, rtol=1e-5)
+    with pytest.raises(ValueError, match="pooling='pooler' needs the model's pooler, which this checkpoint does not"):
+        embed(TEXTS[1], pooling="pooler")

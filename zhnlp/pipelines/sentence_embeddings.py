@@ -20,9 +20,8 @@ from pathlib import Path
 
 import torch
 
+from zhnlp.cards import POOLINGS
 from zhnlp.pipelines.base import UNSET, Pipeline, logger, refuse_json_object
-
-POOLINGS = ("mean", "cls", "pooler")
 
 
 def pool(last_hidden_state, attention_mask, pooling: str, pooler_output=None):
@@ -96,6 +95,22 @@ class _Embeddings(Pipeline):
                                                                  else None)
         self.model_pooling = pooling_of(source)
 
+    def _refuse_untrained(self, name: str) -> None:
+        """A base model whose pooler was not in the checkpoint (a masked-LM checkpoint) still gives real token
+        states: only ``pooling="pooler"`` needs the pooler, and :meth:`resolve_pooling` refuses that then."""
+        fresh = list(getattr(self.model, "fresh_weights", []) or [])
+        pooler = [w for w in fresh if w.startswith("pooler.") or ".pooler." in w]  # bert.pooler.dense.weight
+        self.fresh_pooler = bool(pooler)
+        if self.fresh_pooler:
+            kept = [w for w in fresh if w not in pooler]
+            self.model.fresh_weights, saved = kept, fresh
+            try:
+                super()._refuse_untrained(name)
+            finally:
+                self.model.fresh_weights = saved
+        else:
+            super()._refuse_untrained(name)
+
     def check_options(self, options):
         pooling = options.get("pooling", UNSET)
         if pooling not in (UNSET, None) and pooling not in POOLINGS:
@@ -105,6 +120,9 @@ class _Embeddings(Pipeline):
 
     def resolve_pooling(self, options) -> str:
         pooling = options.get("pooling", UNSET)
+        if pooling == "pooler" and getattr(self, "fresh_pooler", False):
+            raise ValueError("pooling='pooler' needs the model's pooler, which this checkpoint does not have (it "
+                             "would be random); use pooling='mean' or 'cls'.")
         if pooling not in (UNSET, None):
             return pooling
         if self.model_pooling is None:
