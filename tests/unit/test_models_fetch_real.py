@@ -176,3 +176,25 @@ def test_real_roformer_sim_zhnlp_matches_transformers_and_keeps_its_pooler(real)
     with torch.no_grad():
         a, b = mlm(**batch).logits, ref_mlm(**batch).logits
     assert (a - b).abs().max() <= 1e-5 * max(1.0, b.abs().max().item())  # logits reach about 16
+
+
+@pytest.mark.slow
+def test_real_m3e_small_fine_tunes_to_a_useful_sentiment_model(real, tmp_path):
+    """A short fine-tune from the real weights: 100 steps of 32 reviews at length 64 and lr 1e-4 (about two minutes
+    on 2 cores), scored on 800 held-out test reviews. Measured (seed 1234): 0.835 (dev 0.833). The same run from a
+    randomly initialised m3e-small stays at the majority class (0.52), and the ernie-debug model of the fine-tuning
+    tests reaches 0.73 with lr 1e-3: the threshold fails whenever the pretrained weights are not what is trained."""
+    from tests.finetuning import finetune_cli, read_json, read_jsonl, write_jsonl
+    from zhnlp.data.fetch import fetch
+
+    real("m3e-small")
+    data = fetch("sentiment-reviews")
+    dev = write_jsonl(tmp_path / "dev.jsonl", read_jsonl(data / "dev.jsonl")[:400])
+    test = write_jsonl(tmp_path / "test.jsonl", read_jsonl(data / "test.jsonl")[:800])
+    finetune_cli("sentiment", "m3e-small", tmp_path / "run", "--train", data / "train.jsonl", "--dev", dev,
+                 "--test", test, "--epochs", 1, "--max-train-examples", 3200, "--batch-size", 32,
+                 "--max-length", 64, "--lr", 1e-4, "--log-interval", 10, "--seed", 1234, timeout=900)
+    metrics = read_json(tmp_path / "run" / "metrics.json")
+    assert metrics["status"] == "complete" and metrics["steps"] == 100
+    assert metrics["test"]["total"] == 800 and metrics["dev"]["total"] == 400
+    assert metrics["test"]["accuracy"] >= 0.80 and metrics["dev"]["accuracy"] >= 0.80
