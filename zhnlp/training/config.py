@@ -116,6 +116,9 @@ class CheckpointConfig:
 class LoggingConfig:
     log_interval: int = _f(1, "steps between metrics lines", check=positive)
     peak_tflops: float = _f(1.0, "per-device dense peak TFLOP/s, for the MFU column", check=number(0, low_open=True))
+    memory_window: int = _f(3, "CPU: measure peak_tensor_bytes with the profiler's memory events from the model's "
+                               "construction to this step (0: not measured; GPUs use the allocator's counter)",
+                            check=non_negative)
 
 
 @dataclass

@@ -14,6 +14,7 @@ dynamic loss scaling (overflowing steps are skipped and counted in the metrics).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import resource
@@ -28,6 +29,7 @@ from zhnlp import distributed
 from zhnlp.distributed import cpu
 from zhnlp.errors import ZhnlpError
 from zhnlp.training.config import RunConfig
+from zhnlp.training.peak_memory import PeakTensorMemory
 
 
 def forward_step(data_iterator, model):
@@ -98,7 +100,8 @@ def _corpus_tokenizer(prefix: str) -> str:
     return tokenizer
 
 
-DEMO_RECIPES = ("ernie-debug", "ernie-tiny", "ernie4.5-debug", "ernie4.5-tiny")  # default data: the demo corpus
+# default data: the demo corpus
+DEMO_RECIPES = ("ernie-debug", "ernie-tiny", "ernie4.5-debug", "ernie4.5-tiny", "ernie4.5-moe-debug")
 
 
 def decoder_flops(arch, tokens: int, s: int) -> float:
@@ -136,6 +139,21 @@ class Trainer:
                 required with ``model``.
             tokenizer_name: recorded in checkpoints (export writes this tokenizer).
         """
+        p = cfg.parallel
+        self.cfg = cfg
+        self.layout = lay = distributed.init(tp=p.tp, pp=p.pp, vpp=p.vpp, ep=p.ep, etp=p.etp, seed=cfg.seed)
+        cfg.check(lay.world_size)
+        # allocator-level peak (parameters, gradient buffers, optimizer states, activations) from here on
+        self.peak_memory = PeakTensorMemory(window=cfg.logging.memory_window)
+        self.peak_memory.start()
+        try:
+            self._build(cfg, model, batches, tokenizer_name)
+        except BaseException:
+            self.peak_memory.close()  # a profiler left running at exit crashes the interpreter
+            raise
+
+    def _build(self, cfg: RunConfig, model, batches, tokenizer_name) -> None:
+        """Model (``model`` or a fresh one of the recipe), DDP wrapping, optimizer and scheduler."""
         from megatron.core import parallel_state as ps
         from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
         from megatron.core.distributed import finalize_model_grads
@@ -144,11 +162,8 @@ class Trainer:
 
         from zhnlp.models.common.pretrained import PretrainedModel
 
-        p, o = cfg.parallel, cfg.optimizer
+        p, o, lay = cfg.parallel, cfg.optimizer, self.layout
         dtype = DTYPES[cfg.precision]
-        self.cfg = cfg
-        self.layout = lay = distributed.init(tp=p.tp, pp=p.pp, vpp=p.vpp, ep=p.ep, etp=p.etp, seed=cfg.seed)
-        cfg.check(lay.world_size)
         run = run_options(cfg)
         if model is None:
             self.dataset = self._dataset()
@@ -292,7 +307,14 @@ class Trainer:
                 "loss_scale": float(self.optimizer.get_loss_scale()), "skipped": int(not ok),
                 "tokens_per_s": tokens / elapsed, "mfu": self._flops(tokens, seq) / elapsed / self._peak(),
                 "max_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
+                **self._peak_tensor_bytes(),
                 **self._model_metrics()}
+
+    def _peak_tensor_bytes(self) -> dict:
+        """``peak_tensor_bytes``: the allocator-level peak over all ranks since the model was built (see
+        :mod:`zhnlp.training.peak_memory`; on a CPU known from step ``logging.memory_window`` on)."""
+        peak = self.peak_memory.after_step(self.step)
+        return {} if peak is None else {"peak_tensor_bytes": peak}
 
     def _model_metrics(self) -> dict:
         """Figures the model itself reports after a step, logged into metrics.jsonl beside the loss: a
@@ -330,7 +352,7 @@ class Trainer:
         end = self.cfg.steps if steps is None else steps
         monitor = Monitor(self.output, total_steps=end, enabled=dist.get_rank() == self.logging_rank,
                           start_step=self.step)
-        with monitor, stop_signals() as stop:
+        with monitor, stop_signals() as stop, contextlib.closing(self.peak_memory):
             while self.step < end:
                 m = self.train_step()
                 if not torch.isfinite(torch.tensor(m["loss"])):
