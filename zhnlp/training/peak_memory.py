@@ -83,17 +83,29 @@ class PeakTensorMemory:
 
 @contextlib.contextmanager
 def _quiet_stderr():
-    """Silence file descriptor 2 for a moment: the profiler's C++ side (kineto) prints a line to it at every start
-    and stop, whatever its log level."""
+    """Hold back file descriptor 2 for a moment and pass on what was written to it, except the profiler's own
+    lines: its C++ side (kineto) prints one at every start and stop whatever its log level, and torch warns
+    once about blocks older than the profiler. Anything else written meanwhile (a signal handler's message)
+    still reaches stderr."""
+    import tempfile
+
     sys.stderr.flush()
     saved = os.dup(2)
-    try:
-        with open(os.devnull, "w") as null:
-            os.dup2(null.fileno(), 2)
-        yield
-    finally:
-        os.dup2(saved, 2)
-        os.close(saved)
+    with tempfile.TemporaryFile() as held:
+        try:
+            os.dup2(held.fileno(), 2)
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            held.seek(0)
+            noise = ("profiler_start", "profiler_stop", "allocated before the profiling started")
+            kept = [line for line in held.read().decode("utf-8", "replace").splitlines(keepends=True)
+                    if not any(n in line for n in noise)]
+            if kept:
+                sys.stderr.write("".join(kept))
+                sys.stderr.flush()
 
 
 def peak_of_events(events) -> int:
