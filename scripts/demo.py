@@ -27,11 +27,12 @@ import json
 import math
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from zhnlp.distributed import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 # whole words masked, as in pretraining (whole-word masking rarely hides half a word)
@@ -39,12 +40,6 @@ MASKED = ["中华人民共和国的首都是[MASK][MASK]。", "今年我国经�
 PROMPTS = ["新华社北京", "中国人民"]
 REVIEWS = ["这本书写得很好，内容丰富，值得一读。", "质量太差了，用了两天就坏了，非常失望。",
            "酒店的服务很周到，房间也很干净。", "物流太慢，客服态度也不好。"]
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun(py: str) -> list[str]:

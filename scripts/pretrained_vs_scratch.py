@@ -23,11 +23,12 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
+
+from zhnlp.distributed import free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -43,12 +44,6 @@ FINETUNE = {
 }
 QUICK = ["max_steps=3", "max_train_examples=200", "log_interval=1"]
 METRIC = {"sentiment": ("accuracy", "macro_f1"), "cmrc2018": ("em", "f1"), "ner": ("f1", "precision", "recall")}
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def run(cmd: list[str], log: Path) -> None:

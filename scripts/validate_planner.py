@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -27,6 +26,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+
+from zhnlp.distributed import free_port  # noqa: E402  (after the checkout is on the path)
 
 STEPS = 3
 
@@ -70,12 +71,6 @@ CONFIGS = {
                                                  "--seq-length", "128", "--micro-batch-size", "8",
                                                  "--global-batch-size", "16"]),
 }
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def measure(nproc: int, recipe: str, flags: list[str], steps: int = STEPS) -> dict:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 from pathlib import Path
@@ -15,13 +14,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach for the networ
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 torch.set_num_threads(2)
 
+from zhnlp.distributed import free_port  # noqa: E402  (after the environment above; tests import it from here)
+
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def torchrun(script: Path, nproc: int, *args: str, timeout: int = 600, nnodes: int = 1) -> subprocess.CompletedProcess:

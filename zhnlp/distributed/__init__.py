@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import importlib
 
-__all__ = ["Layout", "barrier", "device", "ensure_world", "init", "is_initialized", "layout", "on_rank_zero",
-           "set_seed", "shutdown"]
+__all__ = ["Layout", "barrier", "device", "ensure_world", "free_port", "init", "is_initialized", "layout",
+           "on_rank_zero", "set_seed", "shutdown"]
 
 
 def __getattr__(name: str):

@@ -17,6 +17,7 @@ from __future__ import annotations
 import atexit
 import datetime
 import os
+import socket
 from dataclasses import dataclass
 
 import torch
@@ -218,6 +219,13 @@ def set_seed(seed: int) -> None:
     with cpu.scope():  # megatron's tracker seeds "CUDA" generators: the CPU one here
         torch.manual_seed(seed)
         tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
+def free_port() -> int:
+    """A TCP port free on this host now: torchrun's ``--master-port`` for a single-node run."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def is_initialized() -> bool:
