@@ -49,6 +49,17 @@ def test_cpu_peak_counts_live_tensors_only():
     assert 12_000_000 <= meter.peak < 12_000_000 + 65_536
 
 
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path (profiler memory events)")
+def test_a_profiler_already_running_is_left_alone():
+    first, second = PeakTensorMemory(window=1), PeakTensorMemory(window=1)
+    first.start()
+    second.start()  # torch allows one profiler per process: the second measures nothing
+    a = torch.empty(1_000_000)
+    assert second.profiler is None and second.after_step(1) is None
+    assert first.after_step(1) >= 4_000_000
+    del a
+
+
 def run_pretrain(tmp_path, *flags):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     proc = subprocess.run([sys.executable, "-m", "zhnlp", "pretrain", "--recipe", "ernie-debug", "--output",

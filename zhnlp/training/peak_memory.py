@@ -40,7 +40,9 @@ class PeakTensorMemory:
         if self.cuda:
             torch.cuda.reset_peak_memory_stats()
             return
-        if self.window <= 0:
+        if self.window <= 0 or torch._C._autograd._profiler_enabled():
+            # torch runs one profiler per process: a user's own, or another trainer's still measuring, keeps it
+            # (this run then reports no peak_tensor_bytes rather than stopping the other one)
             return
         from torch.profiler import ProfilerActivity, profile
 
