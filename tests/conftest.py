@@ -31,6 +31,18 @@ def torchrun(script: Path, nproc: int, *args: str, timeout: int = 600, nnodes: i
     return proc
 
 
+@pytest.fixture(autouse=True)
+def no_profiler_left_running():
+    """A trainer measures peak memory with torch's profiler, one per process: a test that leaves it running
+    (a run that failed between the trainer's construction and its end) takes it from every later test."""
+    yield
+    if torch._C._autograd._profiler_enabled():
+        from torch.autograd.profiler import _disable_profiler
+
+        _disable_profiler()
+        pytest.fail("this test left torch's profiler running (a Trainer's peak-memory measurement not stopped)")
+
+
 def pytest_collection_modifyitems(config, items):
     if torch.cuda.is_available():
         return

@@ -127,134 +127,140 @@ def run_finetune(task: Task, cfg: FinetuneConfig, run_dir, sources: dict, comput
     trainer = Trainer(run, model=lambda options: PretrainedModel.from_checkpoint(
         family, arch, task.head, directory, seed=cfg.seed, **options), batches=batches,
         tokenizer_name=str(directory))
-    rank0 = dist.get_rank() == 0
-    run_dir.clear_previous()  # data and model are loaded: only now may --overwrite delete the earlier run
-    out = Path(cfg.output)
-    best_dir = out / "model"
+    try:  # the trainer measures peak memory from construction on: however the run ends, that stops
+        rank0 = dist.get_rank() == 0
+        run_dir.clear_previous()  # data and model are loaded: only now may --overwrite delete the earlier run
+        out = Path(cfg.output)
+        best_dir = out / "model"
 
-    metric = cfg.best_metric or task.metric
-    greater = cfg.higher_is_better
-    state = TrainerState(max_steps=steps, steps_per_epoch=per_epoch, metric=metric, greater_is_better=greater)
-    control = TrainerControl()
-    chain = list(callbacks or [])
-    if cfg.early_stopping_patience is not None:
-        chain.append(EarlyStoppingCallback(cfg.early_stopping_patience, cfg.early_stopping_threshold))
-    handler = CallbackHandler(chain, cfg, state, control)
-    run_state = {"history": [], "best": None, "pending": []}  # what a checkpoint keeps besides the trainer's
+        metric = cfg.best_metric or task.metric
+        greater = cfg.higher_is_better
+        state = TrainerState(max_steps=steps, steps_per_epoch=per_epoch, metric=metric, greater_is_better=greater)
+        control = TrainerControl()
+        chain = list(callbacks or [])
+        if cfg.early_stopping_patience is not None:
+            chain.append(EarlyStoppingCallback(cfg.early_stopping_patience, cfg.early_stopping_threshold))
+        handler = CallbackHandler(chain, cfg, state, control)
+        run_state = {"history": [], "best": None, "pending": []}  # what a checkpoint keeps besides the trainer's
 
-    result = {"task": task.name, "model": cfg.model, "metric": task.metric, "metric_for_best_model": metric,
-              "greater_is_better": greater, "labels": labels, "train_examples": len(train_examples),
-              "train_features": len(train_features), "train_sequences": len(batch_features),
-              "train_left_out": task.left_out, "steps": steps,
-              "steps_per_epoch": per_epoch, "status": "running", "epochs": run_state["history"], "best_epoch": None,
-              "best_step": None, "dev": None, "test": None,
-              "data": {name: hf.describe(v) for name, v in sources.items()},
-              "config": dataclasses.asdict(cfg)}
+        result = {"task": task.name, "model": cfg.model, "metric": task.metric, "metric_for_best_model": metric,
+                  "greater_is_better": greater, "labels": labels, "train_examples": len(train_examples),
+                  "train_features": len(train_features), "train_sequences": len(batch_features),
+                  "train_left_out": task.left_out, "steps": steps,
+                  "steps_per_epoch": per_epoch, "status": "running", "epochs": run_state["history"], "best_epoch": None,
+                  "best_step": None, "dev": None, "test": None,
+                  "data": {name: hf.describe(v) for name, v in sources.items()},
+                  "config": dataclasses.asdict(cfg)}
 
-    def write(status: str, **extra) -> None:
-        # after every evaluation, right after the best model is swapped in: the file describes OUTPUT/model
-        best = run_state["best"]
-        result.update(status=status, epochs=run_state["history"], best_epoch=best["epoch"] if best else None,
-                      best_step=best["step"] if best else None, dev=best["dev"] if best else None,
-                      time_s=round(time.time() - started, 1), **extra)
-        if rank0:
-            _atomic_json(out / "metrics.json", result)
+        def write(status: str, **extra) -> None:
+            # after every evaluation, right after the best model is swapped in: the file describes OUTPUT/model
+            best = run_state["best"]
+            result.update(status=status, epochs=run_state["history"], best_epoch=best["epoch"] if best else None,
+                          best_step=best["step"] if best else None, dev=best["dev"] if best else None,
+                          time_s=round(time.time() - started, 1), **extra)
+            if rank0:
+                _atomic_json(out / "metrics.json", result)
 
-    # what must not change between a run and its resumption (the batches and the schedule depend on it)
-    identity = {"task": task.name, "steps": steps, "batch_size": cfg.batch_size, "seed": cfg.seed,
-                "train_features": len(train_features), "labels": labels, "packing": cfg.packing}
+        # what must not change between a run and its resumption (the batches and the schedule depend on it)
+        identity = {"task": task.name, "steps": steps, "batch_size": cfg.batch_size, "seed": cfg.seed,
+                    "train_features": len(train_features), "labels": labels, "packing": cfg.packing}
 
-    def checkpoint_state() -> dict:
-        return _json_safe({**run_state, "trainer_state": state.to_dict(), "callbacks": handler.state_dict(),
-                           "run": identity})
+        def checkpoint_state() -> dict:
+            return _json_safe({**run_state, "trainer_state": state.to_dict(), "callbacks": handler.state_dict(),
+                               "run": identity})
 
-    trainer.checkpoint_state = checkpoint_state
-    if cfg.resume:
-        checkpoint.resume(trainer)
-        saved = getattr(trainer, "resumed_state", None)
-        if saved:
-            was = saved.get("run", {})
-            changed = [f"{k} {was[k]!r} -> {v!r}" for k, v in _json_safe(identity).items() if k in was and was[k] != v]
-            if changed:
-                raise ZhnlpError(f"cannot resume {out}: the run that wrote its checkpoints differs ({'; '.join(changed)}); "
-                                 "resume with the settings and data it had, or fine-tune into a new --output.")
-            run_state.update(history=saved["history"], best=saved["best"], pending=saved["pending"])
-            for key, value in saved["trainer_state"].items():
-                setattr(state, key, value)
-            handler.load_state_dict(saved.get("callbacks", {}))
-        elif trainer.step:
-            raise ZhnlpError(f"the checkpoint in {out / 'checkpoints'} was not written by a fine-tuning run; "
-                             "resume it with zhnlp pretrain, or fine-tune into a new --output.")
+        trainer.checkpoint_state = checkpoint_state
+        if cfg.resume:
+            checkpoint.resume(trainer)
+            saved = getattr(trainer, "resumed_state", None)
+            if saved:
+                was = saved.get("run", {})
+                changed = [f"{k} {was[k]!r} -> {v!r}" for k, v in _json_safe(identity).items()
+                           if k in was and was[k] != v]
+                if changed:
+                    raise ZhnlpError(f"cannot resume {out}: the run that wrote its checkpoints differs "
+                                     f"({'; '.join(changed)}); resume with the settings and data it had, or "
+                                     "fine-tune into a new --output.")
+                run_state.update(history=saved["history"], best=saved["best"], pending=saved["pending"])
+                for key, value in saved["trainer_state"].items():
+                    setattr(state, key, value)
+                handler.load_state_dict(saved.get("callbacks", {}))
+            elif trainer.step:
+                raise ZhnlpError(f"the checkpoint in {out / 'checkpoints'} was not written by a fine-tuning run; "
+                                 "resume it with zhnlp pretrain, or fine-tune into a new --output.")
 
-    def evaluate(step: int) -> None:
-        pending = run_state["pending"]
-        # the loss lives on the last pipeline stage: take the logging rank's mean
-        mean = torch.tensor(float(np.mean(pending)) if pending else float("nan"), dtype=torch.float64)
-        dist.broadcast(mean, src=trainer.logging_rank)
-        scores, predictions = _evaluate(task, cfg, trainer.model, dev, labels, compute_metrics, "dev", pad_id)
-        key = metric if metric in scores else cfg.metric_for_best_model  # compute_metrics may say eval_x itself
-        if key not in scores:
-            raise ZhnlpError(f"metric_for_best_model {metric!r} is not among the dev scores "
-                             f"({', '.join(scores)}); choose one of them (compute_metrics may add more).")
-        state.metric = key
-        entry = {"epoch": math.ceil(step / per_epoch) if per_epoch else 1, "step": step,
-                 "train_loss": float(mean), "dev": _json_safe(scores)}
-        run_state["history"].append(entry)
-        state.log_history = run_state["history"]
-        run_state["pending"] = []
-        if rank0:
-            logger.info("epoch %d step %d/%d: train loss %.4f, dev %s", entry["epoch"], step, steps,
-                        entry["train_loss"], ", ".join(f"{k} {v:.4f}" for k, v in scores.items()
-                                                       if isinstance(v, float)))
-        value = float(scores[key])
-        if state.is_better(value):
-            state.best_metric, state.best_step = value, step
-            run_state["best"] = entry
-            _save_model(trainer.model, tokenizer, best_dir)
+        def evaluate(step: int) -> None:
+            pending = run_state["pending"]
+            # the loss lives on the last pipeline stage: take the logging rank's mean
+            mean = torch.tensor(float(np.mean(pending)) if pending else float("nan"), dtype=torch.float64)
+            dist.broadcast(mean, src=trainer.logging_rank)
+            scores, predictions = _evaluate(task, cfg, trainer.model, dev, labels, compute_metrics, "dev", pad_id)
+            key = metric if metric in scores else cfg.metric_for_best_model  # compute_metrics may say eval_x itself
+            if key not in scores:
+                raise ZhnlpError(f"metric_for_best_model {metric!r} is not among the dev scores "
+                                 f"({', '.join(scores)}); choose one of them (compute_metrics may add more).")
+            state.metric = key
+            entry = {"epoch": math.ceil(step / per_epoch) if per_epoch else 1, "step": step,
+                     "train_loss": float(mean), "dev": _json_safe(scores)}
+            run_state["history"].append(entry)
+            state.log_history = run_state["history"]
+            run_state["pending"] = []
+            if rank0:
+                logger.info("epoch %d step %d/%d: train loss %.4f, dev %s", entry["epoch"], step, steps,
+                            entry["train_loss"], ", ".join(f"{k} {v:.4f}" for k, v in scores.items()
+                                                           if isinstance(v, float)))
+            value = float(scores[key])
+            if state.is_better(value):
+                state.best_metric, state.best_step = value, step
+                run_state["best"] = entry
+                _save_model(trainer.model, tokenizer, best_dir)
+                if rank0 and predictions is not None:
+                    _atomic_json(out / "dev_predictions.json", predictions)
+            handler("on_evaluate", metrics=scores)
+            write("running")
+
+        def after_step(m: dict) -> bool:
+            step = m["step"]
+            run_state["pending"].append(m["loss"])
+            state.global_step, state.epoch = step, step / per_epoch if per_epoch else 0.0
+            handler("on_step_end", logs=m)
+            scheduled = step % cfg.eval_steps == 0 if cfg.eval_steps else step % per_epoch == 0
+            [evaluate_now] = _agree(control.should_evaluate or scheduled or step == steps)
+            if evaluate_now:
+                control.should_evaluate = False
+                evaluate(step)
+            save_now, stop = _agree(control.should_save or bool(cfg.save_steps and step % cfg.save_steps == 0),
+                                    control.should_stop)
+            if save_now:
+                control.should_save = False
+                path = checkpoint.save(trainer, keep=cfg.save_total_limit)
+                handler("on_save", checkpoint=path)
+            return stop
+
+        handler("on_train_begin")
+        try:
+            trainer.train(steps=steps, after_step=after_step)
+        except Interrupted as e:  # the step in flight was finished and checkpointed; the best model stays
+            write("interrupted", stopped_at_step=trainer.step)
+            best = run_state["best"]
+            kept = f"the best model so far (epoch {best['epoch']}) is in {best_dir}" if best else "no model was saved"
+            raise Interrupted(f"{e} (epoch {math.ceil(trainer.step / per_epoch) if per_epoch else 1}); {kept}, "
+                              f"metrics in {out / 'metrics.json'}.", e.signum) from None
+        if trainer.step < steps:
+            result["stopped_early_at_step"] = trainer.step
+        if test is not None and run_state["best"] is not None:
+            best_config = family.config_class.from_json_file(best_dir / "config.json")
+            final = PretrainedModel.from_checkpoint(family, best_config, task.head, best_dir,
+                                                    **run_options(trainer.cfg))
+            result["test"], predictions = _evaluate(task, cfg, final, test, labels, compute_metrics, "test", pad_id)
+            result["test"] = _json_safe(result["test"])
             if rank0 and predictions is not None:
-                _atomic_json(out / "dev_predictions.json", predictions)
-        handler("on_evaluate", metrics=scores)
-        write("running")
-
-    def after_step(m: dict) -> bool:
-        step = m["step"]
-        run_state["pending"].append(m["loss"])
-        state.global_step, state.epoch = step, step / per_epoch if per_epoch else 0.0
-        handler("on_step_end", logs=m)
-        scheduled = step % cfg.eval_steps == 0 if cfg.eval_steps else step % per_epoch == 0
-        [evaluate_now] = _agree(control.should_evaluate or scheduled or step == steps)
-        if evaluate_now:
-            control.should_evaluate = False
-            evaluate(step)
-        save_now, stop = _agree(control.should_save or bool(cfg.save_steps and step % cfg.save_steps == 0),
-                                control.should_stop)
-        if save_now:
-            control.should_save = False
-            path = checkpoint.save(trainer, keep=cfg.save_total_limit)
-            handler("on_save", checkpoint=path)
-        return stop
-
-    handler("on_train_begin")
-    try:
-        trainer.train(steps=steps, after_step=after_step)
-    except Interrupted as e:  # the step in flight was finished and checkpointed; the best model stays
-        write("interrupted", stopped_at_step=trainer.step)
-        best = run_state["best"]
-        kept = f"the best model so far (epoch {best['epoch']}) is in {best_dir}" if best else "no model was saved"
-        raise Interrupted(f"{e} (epoch {math.ceil(trainer.step / per_epoch) if per_epoch else 1}); {kept}, "
-                          f"metrics in {out / 'metrics.json'}.", e.signum) from None
-    if trainer.step < steps:
-        result["stopped_early_at_step"] = trainer.step
-    if test is not None and run_state["best"] is not None:
-        final = PretrainedModel.from_checkpoint(family, family.config_class.from_json_file(best_dir / "config.json"),
-                                                task.head, best_dir, **run_options(trainer.cfg))
-        result["test"], predictions = _evaluate(task, cfg, final, test, labels, compute_metrics, "test", pad_id)
-        result["test"] = _json_safe(result["test"])
-        if rank0 and predictions is not None:
-            _atomic_json(out / "test_predictions.json", predictions)
-    write("complete")
-    handler("on_train_end")
-    return result
+                _atomic_json(out / "test_predictions.json", predictions)
+        write("complete")
+        handler("on_train_end")
+        return result
+    finally:
+        trainer.peak_memory.close()
 
 
 def _agree(*flags: bool) -> tuple[bool, ...]:

@@ -342,17 +342,24 @@ class Trainer:
         is raised, carrying ``step`` (the steps done), ``checkpoint`` (the path, or None) and
         ``history`` (this call's metrics, as the return value would have been)."""
         from zhnlp.training import checkpoint
+
+        ck = self.cfg.checkpoint
+        with contextlib.closing(self.peak_memory):  # stopped however this ends (a failed resume included)
+            if ck.resume:
+                checkpoint.resume(self)
+            return self._loop(steps, after_step)
+
+    def _loop(self, steps, after_step) -> list[dict]:
+        from zhnlp.training import checkpoint
         from zhnlp.training.monitor import Monitor
         from zhnlp.training.signals import stop_signals
 
         ck = self.cfg.checkpoint
-        if ck.resume:
-            checkpoint.resume(self)
         history = []
         end = self.cfg.steps if steps is None else steps
         monitor = Monitor(self.output, total_steps=end, enabled=dist.get_rank() == self.logging_rank,
                           start_step=self.step)
-        with monitor, stop_signals() as stop, contextlib.closing(self.peak_memory):
+        with monitor, stop_signals() as stop:
             while self.step < end:
                 m = self.train_step()
                 if not torch.isfinite(torch.tensor(m["loss"])):
