@@ -51,6 +51,8 @@ COMMANDS = {
     "pretrain": ("pretrain a model with a recipe (megatron-core engine)", "zhnlp.training.command:add_cli"),
     "finetune": ("fine-tune a model on a task (classification, reading comprehension, NER, chat SFT)",
                  "zhnlp.training.command:add_finetune_cli"),
+    "plan": ("choose the parallel layout of a recipe for a number of GPUs (predicted memory and step time)",
+             "zhnlp.planning.command:add_cli"),
     "plot": ("draw a run's curves (PNG)", "zhnlp.training.monitor:add_cli"),
     "export": ("write a training checkpoint as a transformers model directory", "zhnlp.training.export:add_cli"),
     "evaluate": ("score predictions against a dataset (CMRC2018 EM/F1, STS Spearman)", "zhnlp.metrics.command:add_cli"),
@@ -60,7 +62,7 @@ COMMANDS = {
 }
 
 
-CONFIG_COMMANDS = ("pretrain", "finetune")
+CONFIG_COMMANDS = ("pretrain", "finetune", "plan")
 
 
 def _add_models(sub) -> None:

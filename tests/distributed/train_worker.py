@@ -26,6 +26,7 @@ def main() -> int:
     ap.add_argument("--sp", action="store_true")
     ap.add_argument("--recompute", default=None)
     ap.add_argument("--distributed-optimizer", action="store_true")
+    ap.add_argument("--fsdp", action="store_true")
     ap.add_argument("--recipe", default="ernie-debug")
     ap.add_argument("--reset-attention", action="store_true")
     ap.add_argument("--ep", type=int, default=None)
@@ -37,7 +38,7 @@ def main() -> int:
                    sequence_parallel=args.sp or None, recompute=args.recompute,
                    distributed_optimizer=args.distributed_optimizer or None, output=str(args.out / args.tag),
                    reset_attention=args.reset_attention or None, ep=args.ep, etp=args.etp,
-                   moe_aux_loss_coeff=args.moe_aux_loss_coeff)
+                   moe_aux_loss_coeff=args.moe_aux_loss_coeff, fsdp=args.fsdp or None)
     cfg.data.seq_length = 32
     trainer = Trainer(cfg)
     history = trainer.train()

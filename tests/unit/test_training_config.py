@@ -70,6 +70,13 @@ def test_decoder_layouts_that_cannot_work_fail_first(changes, world, message):
         cfg.check(world_size=world)
 
 
+def test_moe_with_tensor_parallelism_needs_sequence_parallelism():
+    # megatron-core raises a ValueError deep inside the first training step otherwise
+    with pytest.raises(LayoutError, match="a mixture-of-experts model with tp=2 needs --sequence-parallel"):
+        override(recipe("ernie4.5-moe-debug"), tp=2, ep=2).check(world_size=4)
+    override(recipe("ernie4.5-moe-debug"), tp=2, ep=2, sequence_parallel=True).check(world_size=4)
+
+
 def test_causal_lm_settings_are_refused_for_masked_lm():
     with pytest.raises(LayoutError, match="reset_attention and eod_mask_loss are causal-LM settings"):
         override(recipe("ernie-debug"), reset_attention=True).check(world_size=1)
@@ -89,3 +96,21 @@ def test_decoder_flops_count_every_weight_a_token_passes_through():
     assert decoder_flops(arch, tokens=3, s=10) == 6 * weights * 3 + 6 * layers * heads * hd * 10 * 3
     big = recipe("ernie4.5-0.3b").architecture()  # ERNIE-4.5-0.3B: 0.36B weights, the embeddings counted once
     assert decoder_flops(big, tokens=1, s=0) == 6 * 360_710_144
+
+
+@pytest.mark.parametrize("changes,message", [
+    (dict(distributed_optimizer=True), "--fsdp already shards the optimizer states over the data-parallel ranks; "
+                                       "drop --distributed-optimizer"),
+    (dict(precision="fp16"), "--fsdp with fp16: .* use --precision bf16 or fp32"),
+])
+def test_fsdp_refuses_what_megatron_cannot_combine_with_it(changes, message):
+    cfg = override(recipe("ernie-debug"), fsdp=True, **changes)
+    with pytest.raises(LayoutError, match=message):
+        cfg.check(world_size=2)
+    override(recipe("ernie-debug"), fsdp=True, tp=2, pp=2).check(world_size=8)  # TP and PP compose with it
+
+
+def test_fsdp_refuses_expert_parallelism_and_per_token_loss():
+    cfg = override(recipe("ernie4.5-moe-debug"), fsdp=True, ep=2, per_token_loss=True)
+    with pytest.raises(LayoutError, match=r"--fsdp with ep=2: .*; --fsdp with per_token_loss"):
+        cfg.check(world_size=2)

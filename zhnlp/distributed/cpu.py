@@ -29,7 +29,8 @@ Everything that changes torch's own behaviour is scoped, and undone when the out
 * :func:`scope` (zhnlp enters it around a model's forward and around seeding): ``torch.cuda.current_device()``
   returns ``torch.device("cpu")``; ``set_device``, ``synchronize`` and the NVTX range calls are
   no-ops; the "CUDA" random generator *is* the CPU default generator (``torch.cuda.manual_seed``,
-  ``get_rng_state``/``set_rng_state``); ``Tensor.cuda()`` returns the tensor itself.
+  ``get_rng_state``/``set_rng_state``); ``Tensor.cuda()`` returns the tensor itself;
+  ``DeviceMesh.from_group(group, "cuda")`` (megatron's torch-FSDP2 wrapper) makes a CPU mesh.
 * :func:`device_mode` (around model construction, process-group setup, pipeline schedules, the
   trainer's step, checkpoint I/O): :func:`scope` plus a ``TorchFunctionMode`` that maps every CUDA
   device argument (``"cuda"``, ``"cuda:0"``, ``torch.device("cuda")``, a bare GPU index) to the CPU
@@ -48,6 +49,7 @@ import logging
 import threading
 
 import torch
+from torch.distributed.device_mesh import DeviceMesh
 from torch.overrides import TorchFunctionMode
 
 _PREPARED = False
@@ -56,6 +58,7 @@ _LOCK = threading.RLock()
 _SAVED: dict = {}  # (owner, attribute) -> torch's own value while a scope is open
 _MISSING = object()  # the attribute was inherited (Tensor.cuda): delete it again on exit
 _PATCHES: dict = {}  # built once, on the first scope
+_MESH_FROM_GROUP = DeviceMesh.from_group  # torch's own
 
 
 def _to_cpu_device(device):
@@ -152,7 +155,14 @@ def _patches() -> dict:
         (torch.cuda, "Stream"): _HostStream,
         (torch.cuda, "current_stream"): lambda *_a, **_k: _HOST_STREAM,
         (torch.cuda, "stream"): lambda *_a, **_k: contextlib.nullcontext(),
+        # megatron's torch-FSDP2 wrapper builds its device mesh with device_type "cuda"
+        (DeviceMesh, "from_group"): staticmethod(_cpu_mesh_from_group),
     }
+
+
+def _cpu_mesh_from_group(group, device_type, *args, **kwargs):
+    """``DeviceMesh.from_group`` with a CUDA device type mapped to the CPU (the gloo groups live there)."""
+    return _MESH_FROM_GROUP(group, _to_cpu_device(device_type), *args, **kwargs)
 
 
 class _HostStream:

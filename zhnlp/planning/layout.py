@@ -10,7 +10,9 @@ class Layout:
     """``world = tp x pp x dp`` (expert parallelism reuses the data-parallel ranks: ``ep`` divides ``tp x dp``
     with ``etp``). ``vpp``: virtual chunks per pipeline stage. ``precision``: fp32, bf16 or fp16 (bf16/fp16 keep
     fp32 main parameters in the optimizer). ``distributed_optimizer``: optimizer states (and main parameters)
-    sharded over the data-parallel ranks."""
+    sharded over the data-parallel ranks. ``fsdp``: fully sharded data parallelism (torch FSDP2): weights,
+    gradients and optimizer states all sharded over the data-parallel ranks. ``optimizer_offload``: the fraction
+    of the (distributed) optimizer's states kept in host memory instead (megatron's hybrid device optimizer)."""
 
     world: int = 1
     tp: int = 1
@@ -22,6 +24,8 @@ class Layout:
     distributed_optimizer: bool = False
     precision: str = "fp32"
     recompute: str | None = None
+    fsdp: bool = False
+    optimizer_offload: float = 0.0
 
     @property
     def dp(self) -> int:
@@ -45,4 +49,5 @@ class Layout:
         p = cfg.parallel
         return cls(world=world, tp=p.tp, pp=p.pp, vpp=p.vpp, ep=p.ep, etp=p.etp,
                    sequence_parallel=p.sequence_parallel, distributed_optimizer=cfg.optimizer.distributed_optimizer,
-                   precision=cfg.precision, recompute=cfg.recompute)
+                   precision=cfg.precision, recompute=cfg.recompute, fsdp=p.fsdp,
+                   optimizer_offload=cfg.optimizer.optimizer_offload or 0.0)

@@ -27,6 +27,9 @@ def static_memory(arch, layout: Layout) -> list[dict]:
     dp, edp = layout.dp, layout.expert_dp
     state = 8 + (4 if layout.precision != "fp32" else 0)  # Adam's moments (+ fp32 main parameters)
     for counts in params_per_rank(arch, layout):
+        if layout.fsdp:
+            out.append(fully_sharded_memory(counts, layout))
+            continue
         dense, expert = counts["dense"], counts["expert"]
         weights = (dense + expert + counts["frozen"]) * BYTES[layout.precision]
         gradients = 4 * (dense + expert)
@@ -34,6 +37,25 @@ def static_memory(arch, layout: Layout) -> list[dict]:
             optimizer = state * (-(-dense // dp) + -(-expert // edp))
         else:
             optimizer = state * (dense + expert)
+        optimizer -= int(optimizer * layout.optimizer_offload)  # that fraction lives in host memory
         out.append({"weights": weights, "gradients": gradients, "optimizer": optimizer,
                     "total": weights + gradients + optimizer})
     return out
+
+
+def fully_sharded_memory(counts: dict, layout: Layout) -> dict:
+    """One rank's persistent bytes under ``--fsdp`` (torch FSDP2 through megatron), from
+    :func:`zhnlp.planning.params.params_per_rank`'s counts of one stage: every parameter (trained or frozen) is
+    kept as its shard of ``1/dp`` of the rows; gradients are reduce-scattered into sharded ``.grad`` tensors in
+    the parameters' precision (no fp32 buffer); Adam's moments (and the fp32 main parameters in bf16) are
+    sharded like the parameters. A layer's all-gathered weights exist only around its forward and backward
+    (transient, not counted here). Rounded up per stage, not per tensor (torch pads none: shards of uneven
+    tensors are a row shorter)."""
+    dp, size = layout.dp, BYTES[layout.precision]
+    trained = counts["dense"] + counts["expert"]
+    state = 8 + (4 if layout.precision != "fp32" else 0)
+    weights = size * -(-(trained + counts["frozen"]) // dp)
+    gradients = size * -(-trained // dp)
+    optimizer = state * -(-trained // dp)
+    return {"weights": weights, "gradients": gradients, "optimizer": optimizer,
+            "total": weights + gradients + optimizer}

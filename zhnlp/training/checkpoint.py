@@ -31,6 +31,10 @@ together with the optimizer's common state (param groups with Adam's step count,
 scaler); they resume exactly under the same layout. Under another layout the model resumes and
 the optimizer state restarts, with a message (megatron's reshardable route needs its
 dist_checkpointing path); exact resume and resharding hold for the plain optimizer.
+
+Under ``--fsdp`` the model and optimizer state are written in the same format, each tensor cut to the
+rows this rank's FSDP shard holds (:mod:`zhnlp.training.fsdp`): they resume exactly and reshard like the
+plain optimizer's (e.g. saved under FSDP, continued on one process without it).
 """
 
 from __future__ import annotations
@@ -49,6 +53,7 @@ import torch.distributed as dist
 from zhnlp import distributed
 from zhnlp.distributed import cpu
 from zhnlp.errors import CheckpointError
+from zhnlp.training import fsdp
 
 logger = logging.getLogger("zhnlp")
 
@@ -255,11 +260,17 @@ def resume(trainer) -> Path | None:
 
 def _sharded_state(trainer, with_optimizer: bool, loading: bool = False):
     # the chunks inside megatron's DDP wrappers: their keys carry no "module." prefix
-    model = {f"model{i}": _module_state(chunk.module) for i, chunk in enumerate(trainer.chunks)}
+    if trainer.cfg.parallel.fsdp:  # the same format, each tensor cut to this rank's FSDP rows
+        model = {f"model{i}": fsdp.sharded_state_dict(chunk.module) for i, chunk in enumerate(trainer.chunks)}
+    else:
+        model = {f"model{i}": _module_state(chunk.module) for i, chunk in enumerate(trainer.chunks)}
     state = dict(model)
     if with_optimizer:
         # when loading, the optimizer first creates its (empty) state so that there is a slot per tensor
-        state["optimizer"] = trainer.optimizer.sharded_state_dict(model, is_loading=loading)
+        with fsdp.stable_local_tensors() if trainer.cfg.parallel.fsdp else contextlib.nullcontext():
+            state["optimizer"] = trainer.optimizer.sharded_state_dict(model, is_loading=loading)
+    if trainer.cfg.parallel.fsdp:
+        trainer.fsdp_reshaped = fsdp.unprepend(state)  # the shapes to restore after a load
     return state
 
 
@@ -344,7 +355,8 @@ def save(trainer, keep: int = 3) -> Path:
     if dist.get_rank() == 0:
         info = {"step": trainer.step, "consumed_samples": trainer.step * trainer.cfg.data.global_batch_size,
                 "scheduler": trainer.scheduler.state_dict(), "layout": {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp,
-                                                                         "vpp": lay.vpp, "ep": lay.ep, "etp": lay.etp},
+                                                                         "vpp": lay.vpp, "ep": lay.ep, "etp": lay.etp,
+                                                                         "fsdp": trainer.cfg.parallel.fsdp},
                 "distributed_optimizer": distopt, "recipe": trainer.cfg.recipe, "model": trainer.cfg.model,
                 "tokenizer": trainer.tokenizer_name}
         extra = getattr(trainer, "checkpoint_state", None)
@@ -429,10 +441,17 @@ def load(trainer, path: Path) -> None:
     with cpu.device_mode():
         with unreadable_as_checkpoint_error(path):
             state = dist_checkpointing.load(_sharded_state(trainer, with_optimizer, loading=True), str(path / "model"))
+        if trainer.cfg.parallel.fsdp:
+            fsdp.restore_shapes(state, trainer.fsdp_reshaped)
         for i, chunk in enumerate(trainer.chunks):
-            chunk.module.load_state_dict(state[f"model{i}"])
+            if trainer.cfg.parallel.fsdp:
+                fsdp.load_into(chunk.module, state[f"model{i}"])
+            else:
+                chunk.module.load_state_dict(state[f"model{i}"])
         if with_optimizer:
             trainer.optimizer.load_state_dict(state["optimizer"])
+            if trainer.cfg.parallel.fsdp:
+                fsdp.optimizer_state_to_dtensors(trainer.optimizer)
         elif distopt and trainer.cfg.optimizer.distributed_optimizer and same_layout:
             file = path / "distopt" / f"mp_rank_{lay.tp_rank:02d}_{lay.pp_rank:03d}.pt"
             # every rank needs the common state; only the first data-parallel rank the parameter state

@@ -10,22 +10,31 @@ from zhnlp.argtypes import positive
 from zhnlp.training.config import RECIPES, override, recipe
 
 
-def add_cli(subparsers) -> None:
+def run_config_parser(subparsers, name: str, *, help: str, description: str, recipe_help: str):
+    """A subcommand whose flags are the run configuration's fields (as given, over a recipe), with --recipe and
+    --config FILE: ``zhnlp pretrain`` and ``zhnlp plan``."""
     from zhnlp.training.config import (CheckpointConfig, DataConfig, LoggingConfig, MoEConfig, OptimizerConfig,
                                        ParallelConfig, RunConfig)
 
     p = subparsers.add_parser(
-        "pretrain", dataclass_types=[RunConfig, ParallelConfig, MoEConfig, OptimizerConfig, DataConfig,
-                                     CheckpointConfig, LoggingConfig], given_only=True,
+        name, dataclass_types=[RunConfig, ParallelConfig, MoEConfig, OptimizerConfig, DataConfig, CheckpointConfig,
+                               LoggingConfig], given_only=True, help=help, description=description)
+    p.add_argument("--recipe", default=argparse.SUPPRESS, choices=sorted(RECIPES), help=recipe_help)
+    p.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS,
+                   help="JSON or YAML file of settings (as `zhnlp pretrain --print-config` prints them), applied "
+                        "before the flags")
+    return p
+
+
+def add_cli(subparsers) -> None:
+    p = run_config_parser(
+        subparsers, "pretrain",
         help="pretrain an ERNIE encoder (masked LM) or an ERNIE 4.5 decoder (causal LM) on the megatron-core engine",
         description="Pretrain with a recipe; run under torchrun for several processes. The flags override the "
                     "recipe's settings (--print-config shows the result; --config FILE sets them from a file). "
                     "SIGTERM or Ctrl-C finishes the current step, writes a checkpoint and exits 143 / 130; "
-                    "continue with --resume.")
-    p.add_argument("--recipe", default=argparse.SUPPRESS, choices=sorted(RECIPES),
-                   help="the run to start from (default: the recipe named in --config, else ernie-debug)")
-    p.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS,
-                   help="JSON or YAML file of settings (as --print-config prints them), applied before the flags")
+                    "continue with --resume.",
+        recipe_help="the run to start from (default: the recipe named in --config, else ernie-debug)")
     p.add_argument("--print-config", action="store_true", default=argparse.SUPPRESS,
                    help="print the resolved configuration as JSON and exit")
     p.add_argument("--overwrite", action="store_true", default=argparse.SUPPRESS,
@@ -33,6 +42,10 @@ def add_cli(subparsers) -> None:
     p.add_argument("--stop-at", type=positive, default=argparse.SUPPRESS,
                    help="end this process at this step (the schedule still spans --steps); with --save-interval, "
                         "for time-limited jobs")
+    p.add_argument("--parallel", choices=["auto"], default=argparse.SUPPRESS,
+                   help="auto: let the planner choose the layout (tp, pp, vpp, ep, sequence parallelism, recompute, "
+                        "distributed optimizer or FSDP, micro batch) for the processes this run has; printed "
+                        "before training starts (see `zhnlp plan`)")
     p.set_defaults(func=_run)
 
 
@@ -72,6 +85,21 @@ def _run(args) -> int:
     from zhnlp.training.trainer import Trainer
 
     cfg = resolve(args)
+    if getattr(args, "parallel", None) == "auto":
+        import os
+
+        from zhnlp.planning.auto import choose_layout, describe
+        from zhnlp.training.config import (CheckpointConfig, DataConfig, LoggingConfig, MoEConfig, OptimizerConfig,
+                                           ParallelConfig, RunConfig)
+
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        best = choose_layout(cfg, world, configargs.given(args, RunConfig, ParallelConfig, MoEConfig,
+                                                          OptimizerConfig, DataConfig, CheckpointConfig,
+                                                          LoggingConfig))
+        if int(os.environ.get("RANK", "0")) == 0:
+            import logging
+
+            logging.getLogger("zhnlp").info(describe(best, world))
     if getattr(args, "print_config", False):
         print(configargs.to_json(cfg))
         return 0

@@ -49,6 +49,8 @@ class ParallelConfig:
                     "(mixture-of-experts models only)", check=positive)
     etp: int | None = _f(None, "expert tensor-parallel size: each expert's MLP split this many ways (default: tp; "
                                "etp=1 lets tp*ep exceed the number of processes)", check=positive)
+    fsdp: bool = _f(False, "fully sharded data parallelism (ZeRO-3 class, torch FSDP2 through megatron-core): "
+                           "weights, gradients and optimizer states sharded over the data-parallel ranks")
 
 
 @dataclass
@@ -78,6 +80,10 @@ class OptimizerConfig:
     adam_eps: float = _f(1e-8, "Adam epsilon", check=number(0, low_open=True))
     clip_grad: float = _f(1.0, "clip the gradient norm to this (0: no clipping)", check=number(0))
     distributed_optimizer: bool = _f(False, "shard optimizer states over the data-parallel ranks")
+    optimizer_offload: float | None = _f(
+        None, "GPU runs: keep this fraction (default 1) of the optimizer states and their Adam step in host memory "
+              "(megatron-core's hybrid device optimizer; needs --distributed-optimizer)",
+        check=number(0, 1, low_open=True), nargs="?", const=1.0, metavar="FRACTION")
     initial_loss_scale: float = _f(2.0**16, "fp16: where dynamic loss scaling starts",
                                    check=number(0, low_open=True))
 
@@ -244,10 +250,36 @@ class RunConfig:
                 arch.check_layout(p.tp, p.pp, p.vpp)
                 if moe:
                     arch.check_experts(p.ep, p.etp or p.tp, p.tp)
+                    if p.tp > 1 and not p.sequence_parallel:
+                        problems.append(f"a mixture-of-experts model with tp={p.tp} needs --sequence-parallel "
+                                        "(megatron-core trains MoE layers under tensor parallelism only with it)")
         except LayoutError as e:
             problems.append(str(e).removeprefix("this model does not fit the parallel layout: ").rstrip("."))
+        from zhnlp.training import fsdp
+
+        problems += fsdp.check(self)
+        problems += _offload_problems(self)
         if problems:
             raise LayoutError("this run cannot start: " + "; ".join(problems) + ".")
+
+
+def _offload_problems(cfg) -> list[str]:
+    """What ``--optimizer-offload`` cannot be combined with."""
+    if cfg.optimizer.optimizer_offload is None:
+        return []
+    import torch
+
+    if not torch.cuda.is_available():  # one line: nothing else about the layout matters then
+        return ["--optimizer-offload moves optimizer states from GPU memory to host memory; without a GPU they are "
+                "in host memory already, so drop it"]
+    problems = []
+    if not cfg.optimizer.distributed_optimizer:
+        problems.append("--optimizer-offload needs --distributed-optimizer (megatron-core offloads the distributed "
+                        "optimizer's shards)")
+    if cfg.parallel.fsdp:
+        problems.append("--optimizer-offload with --fsdp: megatron-core offloads only the distributed optimizer; "
+                        "drop one of them")
+    return problems
 
 
 def _arch(layers: int, hidden: int, heads: int, ffn: int, vocab: int = 21128, task_types: int = 16) -> dict:

@@ -28,6 +28,7 @@ import torch.distributed as dist
 from zhnlp import distributed
 from zhnlp.distributed import cpu
 from zhnlp.errors import ZhnlpError
+from zhnlp.planning.timing import decoder_flops, train_flops  # noqa: F401  (decoder_flops: re-exported)
 from zhnlp.training.config import RunConfig
 from zhnlp.training.peak_memory import PeakTensorMemory
 
@@ -82,6 +83,15 @@ def run_options(cfg: RunConfig) -> dict:
     return run
 
 
+def _offload_options(o) -> dict:
+    """megatron-core's hybrid device optimizer for ``--optimizer-offload`` (GPU runs; checked by RunConfig.check):
+    that fraction of the distributed optimizer's states, and its Adam step, live in host memory."""
+    if o.optimizer_offload is None:
+        return {}
+    return {"optimizer_cpu_offload": True, "optimizer_offload_fraction": float(o.optimizer_offload),
+            "use_precision_aware_optimizer": True}
+
+
 def _corpus_tokenizer(prefix: str) -> str:
     """The tokenizer ``zhnlp preprocess`` recorded in ``PREFIX.json``."""
     from zhnlp.errors import DataError
@@ -102,27 +112,6 @@ def _corpus_tokenizer(prefix: str) -> str:
 
 # default data: the demo corpus
 DEMO_RECIPES = ("ernie-debug", "ernie-tiny", "ernie4.5-debug", "ernie4.5-tiny", "ernie4.5-moe-debug")
-
-
-def decoder_flops(arch, tokens: int, s: int) -> float:
-    """Model FLOPs of a training step of a GQA decoder over ``tokens`` tokens in sequences of ``s``:
-    6 x (matmul weights a token passes through) x tokens (forward 2, backward 4 FLOPs per weight), plus
-    the attention scores and their weighted sum over the causal half of the ``s x s`` matrix,
-    ``6 x 2 x s x nh*hd`` per token and layer, halved. Weights per token and layer: Q and O
-    (``h x nh*hd`` each), K and V (``h x ng*hd`` each), the SwiGLU MLP (``3 x h x ffn``; in a
-    mixture-of-experts layer the ``moe_k`` chosen experts, the shared ones and the router); plus the
-    vocabulary projection on every position (all positions are predicted)."""
-    h, hd, nh, ng = arch.hidden_size, arch.head_dim, arch.num_attention_heads, arch.num_key_value_heads
-    attention = 2 * h * nh * hd + 2 * h * ng * hd
-    weights = arch.hidden_size * arch.vocab_size
-    for layer in range(arch.num_hidden_layers):
-        if getattr(arch, "is_moe", False) and arch.is_moe_layer(layer):
-            mlp = 3 * h * (arch.moe_k * arch.moe_intermediate_size + arch.shared_expert_size)
-            mlp += h * arch.moe_num_experts  # the router
-        else:
-            mlp = 3 * h * arch.intermediate_size
-        weights += attention + mlp
-    return 6 * weights * tokens + 6 * arch.num_hidden_layers * nh * hd * s * tokens
 
 
 class Trainer:
@@ -183,13 +172,18 @@ class Trainer:
                 from megatron.core.transformer.module import Float16Module
 
                 chunks = [Float16Module(tconf, c) for c in chunks]
-            self.chunks = [DistributedDataParallel(tconf, ddp, c) for c in chunks]
+            if p.fsdp:  # torch FSDP2 through megatron (see zhnlp.training.fsdp)
+                from zhnlp.training import fsdp
+
+                self.chunks = [fsdp.wrap(tconf, c) for c in chunks]
+            else:
+                self.chunks = [DistributedDataParallel(tconf, ddp, c) for c in chunks]
             self.optimizer = get_megatron_optimizer(OptimizerConfig(
                 optimizer="adam", lr=o.lr, min_lr=o.min_lr, weight_decay=o.weight_decay, adam_beta1=o.adam_beta1,
                 adam_beta2=o.adam_beta2, adam_eps=o.adam_eps, clip_grad=o.clip_grad, params_dtype=dtype,
                 bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
                 initial_loss_scale=o.initial_loss_scale,  # fp16: dynamic loss scaling from here
-                use_distributed_optimizer=o.distributed_optimizer), self.chunks)
+                use_distributed_optimizer=o.distributed_optimizer, **_offload_options(o)), self.chunks)
             self.scheduler = OptimizerParamScheduler(
                 self.optimizer, init_lr=0.0, max_lr=o.lr, min_lr=o.min_lr, lr_warmup_steps=o.warmup_steps,
                 lr_decay_steps=max(cfg.steps, o.warmup_steps + 1), lr_decay_style=o.decay_style,
@@ -385,19 +379,12 @@ class Trainer:
         return path if step == self.step else None
 
     def _flops(self, tokens: int, s: int) -> float:
-        """Model FLOPs of one step at sequence length ``s``: 6 x (matmul parameters) x tokens, plus
-        attention. The vocabulary projection counts only where it runs: on the predicted
-        positions (``mask_prob``) in masked-LM training, on every position under sequence
-        parallelism and for a causal LM, not at all for task heads. Decoders: see :func:`decoder_flops`."""
-        if self.model.head == "causal_lm":
-            return decoder_flops(self.model.config, tokens, s)
-        m = self.cfg.model
-        h, layers = m["hidden_size"], m["num_hidden_layers"]
-        head = 0.0
-        if self.model.head == "mlm":
-            head = h * m["vocab_size"] * (1.0 if self.cfg.parallel.sequence_parallel else self.cfg.data.mask_prob)
-        dense = layers * (4 * h * h + 2 * h * m["intermediate_size"]) + head
-        return 6 * dense * tokens + 12 * layers * h * s * tokens
+        """Model FLOPs of one step at sequence length ``s``: :func:`zhnlp.planning.timing.train_flops` (the
+        planner's time model counts the same), of the decoder config for a causal LM, else of the recipe's
+        ``model`` fields."""
+        causal = self.model.head == "causal_lm"
+        return train_flops(self.model.config if causal else self.cfg.model, tokens, s, head=self.model.head,
+                           mask_prob=self.cfg.data.mask_prob, sequence_parallel=self.cfg.parallel.sequence_parallel)
 
     def _peak(self) -> float:
         return self.cfg.logging.peak_tflops * 1e12 * self.layout.world_size
