@@ -33,6 +33,7 @@ OMP_NUM_THREADS defaults to the CPU cores divided by --nproc-per-node (at least 
 examples:
   scripts/pretrain.sh -- --recipe ernie-debug --steps 20 --tp 2              # one node
   scripts/pretrain.sh -- --recipe ernie4.5-tiny                              # ERNIE 4.5 decoder, causal LM
+  scripts/pretrain.sh -- --recipe ernie4.5-tiny --parallel auto              # the planner picks the layout
   scripts/pretrain.sh --nproc-per-node 8 -- --recipe ernie4.5-0.3b --data /shared/corpus/pd-causal \
       --distributed-optimizer --precision bf16 --output /shared/runs/0.3b  # (zhnlp preprocess --objective causal-lm)
   scripts/pretrain.sh --nnodes 2 --rdzv-endpoint node0:29500 --rdzv-id run1 --max-restarts 3 \
