@@ -88,3 +88,18 @@ def test_pipeline_first_stage_holds_more_micro_batches():
 def test_a_batch_that_does_not_divide_is_refused():
     with pytest.raises(ValueError, match="not a multiple"):
         activation_memory(DECODER, Layout(world=2), micro_batch=4, seq_length=128, global_batch=12)
+
+
+def test_fsdp_units_split_the_stage_into_the_root_and_its_layers():
+    from zhnlp.planning.activations import _fsdp_units
+    from zhnlp.planning.params import stage_params
+
+    for arch in (ENCODER, DECODER, recipe("ernie4.5-moe-debug").architecture()):
+        layout = Layout(world=2, fsdp=True)
+        root, layer = _fsdp_units(arch, layout, 0, list(range(arch.num_hidden_layers)))
+        total = sum(stage_params(arch, Layout(world=2), 0).values())
+        assert 0 < layer < root < total  # the debug recipes' vocabulary makes the root the largest unit
+        assert root >= arch.padded_vocab_size * arch.hidden_size
+    fsdp = peak_memory(DECODER, Layout(world=2, fsdp=True, precision="bf16"), **BATCH)[0]
+    ddp = peak_memory(DECODER, Layout(world=2, precision="bf16"), **BATCH)[0]
+    assert fsdp["head"] > ddp["head"]  # the gathered units ride on the head's backward

@@ -26,6 +26,9 @@ log-sum-exp); each was identified with the profiler's memory events (``scripts/v
 Split over tensor parallelism: everything per head or per MLP column (a/tp heads, f/tp); with sequence
 parallelism the rest too (the sequence is split). Full recompute keeps each layer's input and recomputes one
 layer at a time; selective recompute changes nothing here (the fused attention saves no s x s scores).
+Under ``--fsdp`` the head's backward also holds the FSDP units in use, each as its all-gather buffer and its
+unsharded copy (the root unit, the current layer and the prefetched one), and the end of the backward the root's
+unsharded gradients and their reduce-scatter input (measured peaks are still 14-28% higher on CPU).
 Attention dropout would make torch's CPU attention fall back to the unfused path, which saves the s x s
 probabilities: counted (heads x s x (2 x dtype + 1 byte mask) per token) but not measured here, since the
 recipes train without dropout.
@@ -89,6 +92,29 @@ def _loss_bytes(rows: int, vocab: int, tp: int, p: int, blockwise: bool) -> int:
     return rows * width * (2 * FP32 + p)
 
 
+def _fsdp_units(arch, layout: Layout, stage: int, layers: list[int]) -> tuple[int, int]:
+    """Parameters of one rank's FSDP units before sharding: the root (the chunk: embeddings, output layer, final
+    norms) and the largest transformer layer (one unit each)."""
+    import dataclasses
+
+    from zhnlp.planning.params import stage_params
+
+    whole = dataclasses.replace(layout, fsdp=False)
+    total = sum(stage_params(arch, whole, stage).values())
+    middle = dataclasses.replace(whole, world=whole.world * 3 // whole.pp if whole.pp != 3 else whole.world, pp=3)
+    sizes = [sum(_stage_of(arch, middle, [i]).values()) for i in layers] or [0]
+    return total - sum(sizes), max(sizes)
+
+
+def _stage_of(arch, layout: Layout, layers: list[int]) -> dict:
+    """The parameters of ``layers`` alone (a middle pipeline stage holds neither embeddings nor head)."""
+    from zhnlp.planning import params
+
+    if _is_decoder(arch):
+        return params._decoder_stage(arch, layout, 1, layers)
+    return params._encoder_stage(arch, layout, 1, layers)
+
+
 def _in_flight(layout: Layout, stage: int, micro_batches: int) -> int:
     """Micro-batch chunks whose activations a pipeline stage holds at once (megatron's 1F1B and interleaved
     schedules: the warm-up forwards plus the one in steady state)."""
@@ -144,6 +170,10 @@ def activation_memory(arch, layout: Layout, *, micro_batch: int, seq_length: int
                 head = _loss_bytes(n, v, tp, p, blockwise=False) + n * (3 * h * p + 2 * FP32)  # + the transform
         head = max(head, recomputed)  # a recomputed layer lives in its own backward, after the head's
         embedding_grad = 3 * v * h // tp * FP32 if stage == 0 and not _is_decoder(arch) else 0
+        if layout.fsdp:  # FSDP2 keeps each unit's all-gather buffer beside its unsharded copy while in use
+            root, layer = _fsdp_units(arch, layout, stage, layers)
+            head += 2 * (root + 2 * layer) * p  # the root unit, a layer and the one prefetched
+            embedding_grad += 2 * root * p  # the root's unsharded gradients and their reduce-scatter input
         largest = max(v * h // tp, 3 * h * h // tp, h * getattr(arch, "intermediate_size", h) * 2 // tp)
         if layout.distributed_optimizer:
             largest = -(-static[stage]["optimizer"] // (8 + (4 if layout.precision != "fp32" else 0)))

@@ -101,8 +101,8 @@ def _divisors(n: int) -> list[int]:
 
 def layouts(arch, gpus: int, *, gpus_per_node: int, precision: str, global_batch: int, fsdp: bool = False):
     """Every (layout, micro-batch) the model and the batch admit on ``gpus`` devices. FSDP layouts only with
-    ``fsdp``: its all-gather and reduce-scatter buffers are not in the memory model yet (measured peaks are 20-45%
-    above the prediction on CPU), so the search does not offer them by default."""
+    ``fsdp``: the memory model's FSDP buffers still fall short of the measured peaks on CPU (by 14-28%, which also
+    vary from run to run), so the search does not offer them by default."""
     moe = bool(getattr(arch, "is_moe", False))
     heads = arch.num_attention_heads
     kv = getattr(arch, "num_key_value_heads", heads)
