@@ -11,8 +11,6 @@ embeddings / the head.
 
 from __future__ import annotations
 
-import contextlib
-
 import torch
 import torch.nn.functional as F
 from megatron.core import parallel_state, tensor_parallel
@@ -25,6 +23,7 @@ from megatron.core.utils import init_method_normal
 from zhnlp.models.common import heads as H
 from zhnlp.models.common.activations import ACTIVATIONS, ffn_activation
 from zhnlp.models.common.embeddings import EncoderEmbeddings
+from zhnlp.models.common.encoder_model import EncoderStages
 from zhnlp.models.common.layers import real_token_index
 from zhnlp.models.common.linear import ColumnLinear
 from zhnlp.models.common.specs import post_ln_encoder_layer_spec, run_layout_options
@@ -79,7 +78,7 @@ class DiscriminatorHead(torch.nn.Module):
         return self.dense_prediction(self.act(self.dense(hidden))).squeeze(-1)
 
 
-class ElectraModel(LanguageModule):
+class ElectraModel(EncoderStages, LanguageModule):
     """One pipeline stage (or virtual chunk) of an ELECTRA encoder with one head.
 
     Args:
@@ -144,11 +143,9 @@ class ElectraModel(LanguageModule):
             self.setup_embeddings_and_output_layer()
 
     # -- pipeline plumbing -------------------------------------------------------------------
-    def set_input_tensor(self, input_tensor) -> None:
-        """Called by megatron's pipeline schedules with the previous stage's activations."""
-        if isinstance(input_tensor, (list, tuple)):
-            input_tensor = input_tensor[0]
-        self.encoder.set_input_tensor(input_tensor)
+    def _generic_checkpoint_view(self) -> bool:
+        # every head but the generator lacks the vocabulary projection LanguageModule's view expects
+        return bool(self.post_process and not hasattr(self, "output_layer"))
 
     def output_shapes(self, batch: int, seq: int) -> dict[str, tuple[int, ...]]:
         """Shapes of the complete outputs of the last stage (for broadcasting them)."""
@@ -161,33 +158,6 @@ class ElectraModel(LanguageModule):
             "token_classification": {"logits": (batch, seq, a.num_labels)},
             "question_answering": {"start_logits": (batch, seq), "end_logits": (batch, seq)},
         }[self.head]
-
-    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None):
-        """megatron's distributed-checkpoint view of this chunk. LanguageModule's expects a vocabulary projection on
-        a last stage; a head without one (every head but the generator) takes MegatronModule's generic view."""
-        if self.post_process and not hasattr(self, "output_layer"):
-            from megatron.core.transformer.module import MegatronModule
-            from megatron.core.transformer.utils import ensure_metadata_has_dp_cp_group
-
-            return MegatronModule.sharded_state_dict(self, prefix, sharded_offsets,
-                                                     ensure_metadata_has_dp_cp_group(metadata))
-        return super().sharded_state_dict(prefix, sharded_offsets, metadata)
-
-    @contextlib.contextmanager
-    def all_positions(self):
-        """Compute every position of every layer for the duration (for ``output_hidden_states``): no
-        padding dropped, no [CLS]-only last layer."""
-        saved = self.drops_padding
-        layers = [layer for layer in self.encoder.layers if layer.first_token_only]
-        self.drops_padding = False
-        for layer in layers:
-            layer.set_first_token_only(False)
-        try:
-            yield
-        finally:
-            self.drops_padding = saved
-            for layer in layers:
-                layer.set_first_token_only(True)
 
     # -- forward -------------------------------------------------------------------------------
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, task_type_ids=None,

@@ -9,15 +9,13 @@ different type, and the two meet in :func:`zhnlp.models.ernie_m.model.transforme
 
 from __future__ import annotations
 
-import dataclasses
 import numbers
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from zhnlp.errors import CheckpointError
 from zhnlp.models.common import labels as L
 from zhnlp.models.common.activations import ACTIVATIONS
-from zhnlp.models.common.config_io import ConfigFiles
+from zhnlp.models.common.config_io import LabelledConfig
 
 MODEL_TYPE = "ernie_m"
 # Megatron pads the vocabulary so that every TP shard has the same size; a fixed multiple keeps a
@@ -43,7 +41,7 @@ _ALIASES = {"dropout": "classifier_dropout", "num_classes": "num_labels"}
 
 
 @dataclass
-class ErnieMConfig(ConfigFiles):
+class ErnieMConfig(LabelledConfig):
     """transformers 4.x's ErnieMConfig fields that define the network (everything else config.json carries is
     kept in ``extra`` for saving)."""
 
@@ -123,22 +121,8 @@ class ErnieMConfig(ConfigFiles):
         """The classifiers' dropout (``classifier_dropout``, or ``hidden_dropout_prob`` when null)."""
         return self.hidden_dropout_prob if self.classifier_dropout is None else self.classifier_dropout
 
-    @property
-    def label2id(self) -> dict:
-        return {v: k for k, v in (self.id2label or {}).items()}
-
-    # ------------------------------------------------------------------ transformers' config.json
     @classmethod
-    def from_dict(cls, data: dict, *, source: str | None = None, **overrides) -> "ErnieMConfig":
-        """Build from a config.json dict; ``overrides`` win (e.g. ``num_labels=3``).
-
-        ``source`` names where ``data`` came from (the config.json path) in error messages.
-        """
-        where = source or "config.json"
-        if not isinstance(data, dict):
-            raise CheckpointError(f"{where} must be a JSON object of model settings, got {type(data).__name__}; "
-                                  "re-save the checkpoint or restore its config.json.")
-        data = dict(data)
+    def _normalise(cls, data: dict, where: str) -> dict:
         for old, new in _ALIASES.items():
             if old in data:
                 value = data.pop(old)
@@ -146,46 +130,7 @@ class ErnieMConfig(ConfigFiles):
                     raise CheckpointError(f"{where} sets both {old}={value!r} and {new}={data[new]!r}, which "
                                           f"transformers reads as the same setting; keep only {new}.")
                 data[new] = value
-        file_labels = L.reconcile(data.get("num_labels"), data.get("id2label"), where, CheckpointError)
-        args = L.reconcile(overrides.get("num_labels"), overrides.get("id2label"), "the arguments", ValueError)
-        if "num_labels" in overrides and "id2label" not in overrides:
-            # a new head size: keep the file's label names when they still fit, as transformers does
-            args = L.override_num_labels(args[0], file_labels[1], where)
-        elif "id2label" not in overrides:
-            args = file_labels
-        data = {**data, **overrides, "num_labels": args[0], "id2label": args[1]}
-        L.check_problem_type(data.get("problem_type"), args[0],
-                             "the arguments" if "problem_type" in overrides else where,
-                             ValueError if "problem_type" in overrides else CheckpointError)
-        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
-        known = {k: v for k, v in data.items() if k in names}
-        extra = {k: v for k, v in data.items() if k not in names and k != "label2id"}
-        try:
-            return cls(**known, extra=extra)
-        except CheckpointError as e:
-            if source is None:
-                raise
-            raise CheckpointError(f"{source}: {e}") from None
+        return data
 
-    @classmethod
-    def from_json_file(cls, path: str | Path, **overrides) -> "ErnieMConfig":
-        """Read ``config.json`` (see :func:`zhnlp.hub.read_config_json` for the checks on the file)."""
-        from zhnlp.hub import read_config_json
-
-        return cls.from_dict(read_config_json(path), source=str(path), **overrides)
-
-    def to_dict(self, architecture: str | None = None) -> dict:
-        """The config.json transformers 4.x's ErnieMConfig reads back."""
-        out = dict(self.extra)
-        for f in dataclasses.fields(self):
-            if f.name != "extra":
-                out[f.name] = getattr(self, f.name)
-        if self.id2label is None:
-            out["id2label"] = {i: f"LABEL_{i}" for i in range(self.num_labels)}
-        out["label2id"] = {v: k for k, v in out["id2label"].items()}
-        out.pop("num_labels")
-        if architecture:
-            out["architectures"] = [architecture]
-        return out
-
+    # ------------------------------------------------------------------ transformers' config.json
     TP_SPLIT = ("num_attention_heads", "intermediate_size")  # split by TP (ConfigFiles.check_layout)

@@ -25,6 +25,7 @@ from megatron.core.utils import init_method_normal
 from zhnlp.models.common import heads as H
 from zhnlp.models.common.activations import ffn_activation
 from zhnlp.models.common.embeddings import EncoderEmbeddings
+from zhnlp.models.common.encoder_model import EncoderStages
 from zhnlp.models.common.layers import real_token_index
 from zhnlp.models.common.specs import post_ln_encoder_layer_spec, run_layout_options
 from zhnlp.models.ernie_m.config import POSITION_OFFSET, ErnieMConfig
@@ -92,7 +93,7 @@ class ActivationDropout:
             return F.dropout(x, p=self.p, training=True)
 
 
-class ErnieMModel(LanguageModule):
+class ErnieMModel(EncoderStages, LanguageModule):
     """One pipeline stage (or virtual chunk) of an ERNIE-M encoder with one head.
 
     Args:
@@ -139,11 +140,8 @@ class ErnieMModel(LanguageModule):
                               and not config.sequence_parallel and len(self.encoder.layers) > 0)
 
     # -- pipeline plumbing -------------------------------------------------------------------
-    def set_input_tensor(self, input_tensor) -> None:
-        """Called by megatron's pipeline schedules with the previous stage's activations."""
-        if isinstance(input_tensor, (list, tuple)):
-            input_tensor = input_tensor[0]
-        self.encoder.set_input_tensor(input_tensor)
+    def _generic_checkpoint_view(self) -> bool:
+        return bool(self.post_process)  # ERNIE-M's heads have no vocabulary projection
 
     def output_shapes(self, batch: int, seq: int) -> dict[str, tuple[int, ...]]:
         """Shapes of the complete outputs of the last stage (for broadcasting them)."""
@@ -154,34 +152,6 @@ class ErnieMModel(LanguageModule):
             "token_classification": {"logits": (batch, seq, a.num_labels)},
             "question_answering": {"start_logits": (batch, seq), "end_logits": (batch, seq)},
         }[self.head]
-
-    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None):
-        """megatron's distributed-checkpoint view of this chunk. LanguageModule's expects a vocabulary projection
-        on the last stage; ERNIE-M's heads have none, so a last stage takes MegatronModule's generic one (every
-        parameter, the heads' replicated)."""
-        if self.post_process:
-            from megatron.core.transformer.module import MegatronModule
-            from megatron.core.transformer.utils import ensure_metadata_has_dp_cp_group
-
-            return MegatronModule.sharded_state_dict(self, prefix, sharded_offsets,
-                                                     ensure_metadata_has_dp_cp_group(metadata))
-        return super().sharded_state_dict(prefix, sharded_offsets, metadata)
-
-    @contextlib.contextmanager
-    def all_positions(self):
-        """Compute every position of every layer for the duration (for ``output_hidden_states``): no
-        padding dropped, no [CLS]-only last layer."""
-        saved = self.drops_padding
-        layers = [layer for layer in self.encoder.layers if layer.first_token_only]
-        self.drops_padding = False
-        for layer in layers:
-            layer.set_first_token_only(False)
-        try:
-            yield
-        finally:
-            self.drops_padding = saved
-            for layer in layers:
-                layer.set_first_token_only(True)
 
     # -- forward -------------------------------------------------------------------------------
     def forward(self, input_ids, attention_mask=None, token_type_ids=None, task_type_ids=None,

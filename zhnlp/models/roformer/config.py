@@ -17,15 +17,13 @@ architecture must be known before any weight is read (shapes are checked for the
 
 from __future__ import annotations
 
-import dataclasses
 import numbers
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from zhnlp.errors import CheckpointError
 from zhnlp.models.common import labels as L
 from zhnlp.models.common.activations import ACTIVATIONS
-from zhnlp.models.common.config_io import ConfigFiles
+from zhnlp.models.common.config_io import LabelledConfig
 
 MODEL_TYPE = "roformer"
 # Megatron pads the vocabulary so that every TP shard has the same size; a fixed multiple keeps a
@@ -57,7 +55,7 @@ _UNSUPPORTED = {
 
 
 @dataclass
-class RoFormerConfig(ConfigFiles):
+class RoFormerConfig(LabelledConfig):
     """transformers' RoFormerConfig fields that define the network, plus junnyu's ``pooler_activation``
     (everything else config.json carries is kept in ``extra`` for saving)."""
 
@@ -143,67 +141,13 @@ class RoFormerConfig(ConfigFiles):
         m = VOCAB_PAD_MULTIPLE
         return (self.vocab_size + m - 1) // m * m
 
-    @property
-    def label2id(self) -> dict:
-        return {v: k for k, v in (self.id2label or {}).items()}
+    def _finish_dict(self, out: dict) -> None:
+        if self.pooler_activation is None:  # written only when set
+            out.pop("pooler_activation")
 
     @property
     def tie_word_embeddings(self) -> bool:
         return True  # read by the initialisation: the MLM decoder starts equal to the word embeddings
 
     # ------------------------------------------------------------------ transformers' config.json
-    @classmethod
-    def from_dict(cls, data: dict, *, source: str | None = None, **overrides) -> "RoFormerConfig":
-        """Build from a config.json dict; ``overrides`` win (e.g. ``num_labels=3``).
-
-        ``source`` names where ``data`` came from (the config.json path) in error messages.
-        """
-        where = source or "config.json"
-        if not isinstance(data, dict):
-            raise CheckpointError(f"{where} must be a JSON object of model settings, got {type(data).__name__}; "
-                                  "re-save the checkpoint or restore its config.json.")
-        file_labels = L.reconcile(data.get("num_labels"), data.get("id2label"), where, CheckpointError)
-        args = L.reconcile(overrides.get("num_labels"), overrides.get("id2label"), "the arguments", ValueError)
-        if "num_labels" in overrides and "id2label" not in overrides:
-            # a new head size: keep the file's label names when they still fit, as transformers does
-            args = L.override_num_labels(args[0], file_labels[1], where)
-        elif "id2label" not in overrides:
-            args = file_labels
-        data = {**data, **overrides, "num_labels": args[0], "id2label": args[1]}
-        L.check_problem_type(data.get("problem_type"), args[0],
-                             "the arguments" if "problem_type" in overrides else where,
-                             ValueError if "problem_type" in overrides else CheckpointError)
-        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
-        known = {k: v for k, v in data.items() if k in names}
-        extra = {k: v for k, v in data.items() if k not in names and k != "label2id"}
-        try:
-            return cls(**known, extra=extra)
-        except CheckpointError as e:
-            if source is None:
-                raise
-            raise CheckpointError(f"{source}: {e}") from None
-
-    @classmethod
-    def from_json_file(cls, path: str | Path, **overrides) -> "RoFormerConfig":
-        """Read ``config.json`` (see :func:`zhnlp.hub.read_config_json` for the checks on the file)."""
-        from zhnlp.hub import read_config_json
-
-        return cls.from_dict(read_config_json(path), source=str(path), **overrides)
-
-    def to_dict(self, architecture: str | None = None) -> dict:
-        """The config.json transformers reads back (``RoFormerConfig``; ``pooler_activation`` only when set)."""
-        out = dict(self.extra)
-        for f in dataclasses.fields(self):
-            if f.name != "extra":
-                out[f.name] = getattr(self, f.name)
-        if self.pooler_activation is None:
-            out.pop("pooler_activation")
-        if self.id2label is None:
-            out["id2label"] = {i: f"LABEL_{i}" for i in range(self.num_labels)}
-        out["label2id"] = {v: k for k, v in out["id2label"].items()}
-        out.pop("num_labels")
-        if architecture:
-            out["architectures"] = [architecture]
-        return out
-
     TP_SPLIT = ("num_attention_heads", "intermediate_size")  # split by TP (ConfigFiles.check_layout)

@@ -14,8 +14,6 @@ table transformers builds, rather than megatron's float32 angles (whose sines dr
 
 from __future__ import annotations
 
-import contextlib
-
 import numpy as np
 import torch
 from megatron.core import parallel_state, tensor_parallel
@@ -30,6 +28,7 @@ from megatron.core.utils import init_method_normal
 from zhnlp.models.common import heads as H
 from zhnlp.models.common.activations import ACTIVATIONS, ffn_activation
 from zhnlp.models.common.embeddings import EncoderEmbeddings
+from zhnlp.models.common.encoder_model import EncoderStages
 from zhnlp.models.common.layers import real_token_index
 from zhnlp.models.common.linear import ColumnLinear
 from zhnlp.models.common.specs import post_ln_encoder_layer_spec, run_layout_options
@@ -123,7 +122,7 @@ def layer_spec(arch: RoFormerConfig) -> ModuleSpec:
 
 
 # ---------------------------------------------------------------------------------------------------- the model
-class RoFormerModel(LanguageModule):
+class RoFormerModel(EncoderStages, LanguageModule):
     """One pipeline stage (or virtual chunk) of a RoFormer encoder with one head (``heads.HEADS``); the arguments
     are :class:`~zhnlp.models.ernie.model.ErnieModel`'s."""
 
@@ -178,12 +177,6 @@ class RoFormerModel(LanguageModule):
             self.setup_embeddings_and_output_layer()
 
     # -- pipeline plumbing -------------------------------------------------------------------
-    def set_input_tensor(self, input_tensor) -> None:
-        """Called by megatron's pipeline schedules with the previous stage's activations."""
-        if isinstance(input_tensor, (list, tuple)):
-            input_tensor = input_tensor[0]
-        self.encoder.set_input_tensor(input_tensor)
-
     def output_shapes(self, batch: int, seq: int) -> dict[str, tuple[int, ...]]:
         """Shapes of the complete outputs of the last stage (for broadcasting them)."""
         h, a = self.config.hidden_size, self.arch
@@ -197,33 +190,6 @@ class RoFormerModel(LanguageModule):
             "token_classification": {"logits": (batch, seq, a.num_labels)},
             "question_answering": {"start_logits": (batch, seq), "end_logits": (batch, seq)},
         }[self.head]
-
-    def sharded_state_dict(self, prefix: str = "", sharded_offsets: tuple = (), metadata: dict | None = None):
-        """megatron's distributed-checkpoint view of this chunk (a task head has no vocabulary projection: such a
-        last chunk takes MegatronModule's generic view, as ERNIE's does)."""
-        if self.post_process and not self.share_embeddings_and_output_weights and not hasattr(self, "output_layer"):
-            from megatron.core.transformer.module import MegatronModule
-            from megatron.core.transformer.utils import ensure_metadata_has_dp_cp_group
-
-            return MegatronModule.sharded_state_dict(self, prefix, sharded_offsets,
-                                                     ensure_metadata_has_dp_cp_group(metadata))
-        return super().sharded_state_dict(prefix, sharded_offsets, metadata)
-
-    @contextlib.contextmanager
-    def all_positions(self):
-        """Compute every position of every layer for the duration (for ``output_hidden_states``): no
-        padding dropped, no [CLS]-only last layer."""
-        saved = self.drops_padding
-        layers = [layer for layer in self.encoder.layers if layer.first_token_only]
-        self.drops_padding = False
-        for layer in layers:
-            layer.set_first_token_only(False)
-        try:
-            yield
-        finally:
-            self.drops_padding = saved
-            for layer in layers:
-                layer.set_first_token_only(True)
 
     # -- forward -------------------------------------------------------------------------------
     def _rope(self, position_ids, flat_index=None):
