@@ -162,6 +162,20 @@ class AutoTokenizer:
         return tokenizer
 
 
+def require_alignment(tokenizer, what: str) -> None:
+    """Refuse, in one message, a tokenizer that cannot say which characters or words each token came from
+    (transformers' Python "slow" tokenizers, such as ERNIE-M's, return no offsets and no word ids) before
+    ``what`` (a task that needs them: reading comprehension spans, NER tags, SFT's assistant turns) fails later
+    with a missing key."""
+    if getattr(tokenizer, "is_fast", False):
+        return
+    name = type(tokenizer).__name__
+    raise TokenizerError(f"{what} needs the tokenizer's character offsets and word ids, which {name} (a Python "
+                         "tokenizer, like transformers' own for this model) does not give; fine-tune this model on "
+                         "classification or sentence pairs, or use a model whose tokenizer is a fast one "
+                         "(vocab.txt WordPiece or tokenizer.json).")
+
+
 def check_tokenizer_fits(tokenizer, config, where: str) -> None:
     """Refuse a tokenizer that can produce ids the model has no embedding rows for.
 

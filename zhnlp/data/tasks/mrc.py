@@ -353,6 +353,9 @@ def _encode_contexts(tokenizer, examples) -> dict[str, tuple[list[int], list[tup
     unique = list(dict.fromkeys(e.context for e in examples))
     if not unique:
         return {}
+    from zhnlp.tokenizers.auto import require_alignment
+
+    require_alignment(tokenizer, "reading comprehension")
     enc = tokenizer(unique, add_special_tokens=False, return_offsets_mapping=True)
     return {c: (ids, [tuple(o) for o in offs]) for c, ids, offs in zip(unique, enc["input_ids"], enc["offset_mapping"])}
 

@@ -181,6 +181,9 @@ def encode_ner(tokenizer, examples: list[NERExample], label2id: dict[str, int], 
                          f"max_length={max_length} holds; lower stride or raise max_length")
     if not examples:
         return []
+    from zhnlp.tokenizers.auto import require_alignment
+
+    require_alignment(tokenizer, "token classification (NER)")
     words = [e.tokens for e in examples]
     full = tokenizer(words, is_split_into_words=True, add_special_tokens=False)
     enc = tokenizer(words, is_split_into_words=True, truncation=True, max_length=max_length, stride=stride,

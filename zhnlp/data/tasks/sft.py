@@ -154,6 +154,9 @@ def assistant_spans(tokenizer, messages: list[dict]) -> tuple[str, list[tuple[in
 def encode_conversation(tokenizer, messages: list[dict], max_length: int | None = None) -> dict:
     """-> ``{"input_ids", "attention_mask", "labels", "truncated"}`` (lists; labels -100 off the assistant's
     tokens); see the module doc."""
+    from zhnlp.tokenizers.auto import require_alignment
+
+    require_alignment(tokenizer, "chat fine-tuning (SFT)")
     text, spans = assistant_spans(tokenizer, messages)
     enc = tokenizer(text, add_special_tokens=False, return_offsets_mapping=True)
     ids, offsets = list(enc["input_ids"]), enc["offset_mapping"]
