@@ -76,7 +76,6 @@ def evaluate(arch, layout: Layout, *, micro_batch: int, global_batch: int, seq_l
              with_time: bool = True) -> Candidate:
     """Memory (and time) of one layout; ``fits`` against ``gpu_memory`` (default: the hardware's)."""
     from zhnlp.planning.timing import hardware as get_hardware
-    from zhnlp.planning.timing import step_time
 
     hw = get_hardware(hardware) if isinstance(hardware, str) else hardware
     stages = peak_memory(arch, layout, micro_batch=micro_batch, seq_length=seq_length, global_batch=global_batch,
@@ -89,10 +88,17 @@ def evaluate(arch, layout: Layout, *, micro_batch: int, global_batch: int, seq_l
         cand.reason = (f"does not fit: {memory['total'] / GiB:.1f} GiB per device at its peak "
                        f"({memory['phase']}), {limit / GiB:.1f} GiB usable")
     if with_time:
-        cand.time = step_time(arch, layout, global_batch=global_batch, micro_batch=micro_batch,
-                              seq_length=seq_length, hardware=hw, head="causal_lm" if _is_decoder(arch) else "mlm",
-                              mask_prob=mask_prob)
+        cand.time = _step_time(arch, cand, global_batch=global_batch, seq_length=seq_length, hw=hw,
+                               mask_prob=mask_prob)
     return cand
+
+
+def _step_time(arch, cand: Candidate, *, global_batch: int, seq_length: int, hw, mask_prob: float) -> dict:
+    from zhnlp.planning.timing import step_time
+
+    return step_time(arch, cand.layout, global_batch=global_batch, micro_batch=cand.micro_batch,
+                     seq_length=seq_length, hardware=hw, head="causal_lm" if _is_decoder(arch) else "mlm",
+                     mask_prob=mask_prob)
 
 
 def _divisors(n: int) -> list[int]:
@@ -178,9 +184,9 @@ def plan(arch, gpus: int, *, global_batch: int, seq_length: int, hardware="h100"
                 if cand.fits:
                     cand.reason = "fits only with the optimizer states in host memory (--optimizer-offload)"
                     fitting.append(cand)
-    for cand in fitting:
-        cand.time = evaluate(arch, cand.layout, micro_batch=cand.micro_batch, global_batch=global_batch,
-                             seq_length=seq_length, hardware=hw, gpu_memory=memory, mask_prob=mask_prob).time
+    for cand in fitting:  # the memory is known: only the time is left to compute
+        cand.time = _step_time(arch, cand, global_batch=global_batch, seq_length=seq_length, hw=hw,
+                               mask_prob=mask_prob)
     fitting.sort(key=lambda c: (c.time["total"], c.memory["total"]))
     result = {"gpus": gpus, "gpus_per_node": per_node, "hardware": hw.name, "gpu_memory_bytes": memory,
               "usable_bytes": usable_memory(memory), "searched": searched, "fitting": len(fitting),

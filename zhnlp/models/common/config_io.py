@@ -36,6 +36,31 @@ class ConfigFiles:
         names it; a family that applies more layers than ``num_hidden_layers`` (ALBERT) overrides it."""
         return self.num_hidden_layers, f"num_hidden_layers={self.num_hidden_layers}"
 
+    @classmethod
+    def _build(cls, data: dict, source: str | None, dropped: tuple[str, ...] = ()):
+        """The config of ``data``'s fields; keys without a field (but ``dropped``) kept in ``extra``; a field's
+        refusal prefixed with ``source`` (the file) when there is one."""
+        import dataclasses
+
+        from zhnlp.errors import CheckpointError
+
+        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
+        known = {k: v for k, v in data.items() if k in names}
+        extra = {k: v for k, v in data.items() if k not in names and k not in dropped}
+        try:
+            return cls(**known, extra=extra)
+        except CheckpointError as e:
+            if source is None:
+                raise
+            raise CheckpointError(f"{source}: {e}") from None
+
+    @classmethod
+    def from_json_file(cls, path: str | os.PathLike, **overrides):
+        """Read ``config.json`` (see :func:`zhnlp.hub.read_config_json` for the checks on the file)."""
+        from zhnlp.hub import read_config_json
+
+        return cls.from_dict(read_config_json(path), source=str(path), **overrides)
+
     def to_json_string(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True, ensure_ascii=False) + "\n"
 
@@ -70,8 +95,6 @@ class LabelledConfig(ConfigFiles):
     def from_dict(cls, data: dict, *, source: str | None = None, **overrides):
         """Build from a config.json dict; ``overrides`` win (e.g. ``num_labels=3``). ``source`` names where
         ``data`` came from (the config.json path) in error messages."""
-        import dataclasses
-
         from zhnlp.errors import CheckpointError
         from zhnlp.models.common import labels as L
 
@@ -91,22 +114,7 @@ class LabelledConfig(ConfigFiles):
         L.check_problem_type(data.get("problem_type"), args[0],
                              "the arguments" if "problem_type" in overrides else where,
                              ValueError if "problem_type" in overrides else CheckpointError)
-        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
-        known = {k: v for k, v in data.items() if k in names}
-        extra = {k: v for k, v in data.items() if k not in names and k != "label2id"}
-        try:
-            return cls(**known, extra=extra)
-        except CheckpointError as e:
-            if source is None:
-                raise
-            raise CheckpointError(f"{source}: {e}") from None
-
-    @classmethod
-    def from_json_file(cls, path: str | os.PathLike, **overrides):
-        """Read ``config.json`` (see :func:`zhnlp.hub.read_config_json` for the checks on the file)."""
-        from zhnlp.hub import read_config_json
-
-        return cls.from_dict(read_config_json(path), source=str(path), **overrides)
+        return cls._build(data, source, dropped=("label2id",))
 
     def _finish_dict(self, out: dict) -> None:
         """Drop from ``out`` what the family's transformers class does not write (in place)."""

@@ -10,7 +10,6 @@ from __future__ import annotations
 import dataclasses
 import numbers
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import ClassVar
 
 from zhnlp.errors import CheckpointError
@@ -116,21 +115,7 @@ class Ernie4_5Config(ConfigFiles):
                                       "(unscaled) RoPE of ERNIE 4.5; use transformers for this checkpoint.")
         if "rope_theta" in rope:
             data["rope_theta"] = rope["rope_theta"]
-        names = {f.name for f in dataclasses.fields(cls)} - {"extra"}
-        known = {k: v for k, v in data.items() if k in names}
-        extra = {k: v for k, v in data.items() if k not in names and k not in ("id2label", "label2id")}
-        try:
-            return cls(**known, extra=extra)
-        except CheckpointError as e:
-            if source is None:
-                raise
-            raise CheckpointError(f"{source}: {e}") from None
-
-    @classmethod
-    def from_json_file(cls, path: str | Path, **overrides) -> "Ernie4_5Config":
-        from zhnlp.hub import read_config_json
-
-        return cls.from_dict(read_config_json(path), source=str(path), **overrides)
+        return cls._build(data, source, dropped=("id2label", "label2id"))
 
     def to_dict(self, architecture: str | None = None) -> dict:
         """The config.json transformers reads back (``rope_parameters`` as transformers 5 writes it)."""
