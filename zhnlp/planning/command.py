@@ -72,20 +72,15 @@ def _hardware(args):
 
 
 def _run(args) -> int:
-    from zhnlp import configargs
     from zhnlp.planning import Layout, search
-    from zhnlp.training.command import resolve
-    from zhnlp.training.config import (CheckpointConfig, DataConfig, LoggingConfig, MoEConfig, OptimizerConfig,
-                                       ParallelConfig, RunConfig)
-
+    from zhnlp.training.command import resolve, run_flags
     cfg = resolve(args)
     hw = _hardware(args)
     if getattr(args, "calibrate", None):
         from zhnlp.planning.calibrate import calibrate_here
 
         return calibrate_here(cfg, hw, args.calibrate, nproc=getattr(args, "gpus_per_node", None))
-    flags = configargs.given(args, RunConfig, ParallelConfig, MoEConfig, OptimizerConfig, DataConfig,
-                             CheckpointConfig, LoggingConfig)
+    flags = run_flags(args)
     world = getattr(args, "world_size", None) or getattr(args, "gpus", None)
     per_node = getattr(args, "gpus_per_node", None) or hw.gpus_per_node
     memory = getattr(args, "gpu_memory", None) or hw.memory_bytes

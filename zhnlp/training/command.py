@@ -10,15 +10,26 @@ from zhnlp.argtypes import positive
 from zhnlp.training.config import RECIPES, override, recipe
 
 
-def run_config_parser(subparsers, name: str, *, help: str, description: str, recipe_help: str):
-    """A subcommand whose flags are the run configuration's fields (as given, over a recipe), with --recipe and
-    --config FILE: ``zhnlp pretrain`` and ``zhnlp plan``."""
+def _run_config_types() -> list:
+    """The dataclasses whose fields are ``zhnlp pretrain``'s (and ``zhnlp plan``'s) flags."""
     from zhnlp.training.config import (CheckpointConfig, DataConfig, LoggingConfig, MoEConfig, OptimizerConfig,
                                        ParallelConfig, RunConfig)
 
-    p = subparsers.add_parser(
-        name, dataclass_types=[RunConfig, ParallelConfig, MoEConfig, OptimizerConfig, DataConfig, CheckpointConfig,
-                               LoggingConfig], given_only=True, help=help, description=description)
+    return [RunConfig, ParallelConfig, MoEConfig, OptimizerConfig, DataConfig, CheckpointConfig, LoggingConfig]
+
+
+def run_flags(args) -> dict:
+    """The run-configuration fields set on the command line (by name)."""
+    from zhnlp import configargs
+
+    return configargs.given(args, *_run_config_types())
+
+
+def run_config_parser(subparsers, name: str, *, help: str, description: str, recipe_help: str):
+    """A subcommand whose flags are the run configuration's fields (as given, over a recipe), with --recipe and
+    --config FILE: ``zhnlp pretrain`` and ``zhnlp plan``."""
+    p = subparsers.add_parser(name, dataclass_types=_run_config_types(), given_only=True, help=help,
+                              description=description)
     p.add_argument("--recipe", default=argparse.SUPPRESS, choices=sorted(RECIPES), help=recipe_help)
     p.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS,
                    help="JSON or YAML file of settings (as `zhnlp pretrain --print-config` prints them), applied "
@@ -44,7 +55,7 @@ def add_cli(subparsers) -> None:
                         "for time-limited jobs")
     p.add_argument("--parallel", choices=["auto"], default=argparse.SUPPRESS,
                    help="auto: let the planner choose the layout (tp, pp, vpp, ep, sequence parallelism, recompute, "
-                        "distributed optimizer or FSDP, micro batch) for the processes this run has; printed "
+                        "distributed optimizer, micro batch) for the processes this run has; printed "
                         "before training starts (see `zhnlp plan`)")
     p.set_defaults(func=_run)
 
@@ -52,8 +63,7 @@ def add_cli(subparsers) -> None:
 def resolve(args) -> "RunConfig":
     """The run configuration of a ``zhnlp pretrain`` command line: recipe, then --config FILE, then flags."""
     from zhnlp import configargs
-    from zhnlp.training.config import (CheckpointConfig, DataConfig, LoggingConfig, MoEConfig, OptimizerConfig,
-                                       ParallelConfig, RunConfig)
+    from zhnlp.training.config import RunConfig
 
     data = configargs.read_config_file(args.config) if getattr(args, "config", None) else None
     cfg = recipe(getattr(args, "recipe", None) or (data or {}).get("recipe") or "ernie-debug")
@@ -68,8 +78,7 @@ def resolve(args) -> "RunConfig":
             override(cfg, **configargs.flatten(data, RunConfig.SECTIONS))
         except TypeError as e:
             raise ValueError(f"--config {args.config}: {e}; see --print-config for the names.") from None
-    flags = configargs.given(args, RunConfig, ParallelConfig, MoEConfig, OptimizerConfig, DataConfig,
-                             CheckpointConfig, LoggingConfig)
+    flags = run_flags(args)
     explicit_output = "output" in flags or (getattr(args, "config", None) and cfg.output != "runs/pretrain")
     override(cfg, **flags)
     if "recompute" in flags and flags["recompute"] is None:
@@ -89,13 +98,9 @@ def _run(args) -> int:
         import os
 
         from zhnlp.planning.auto import choose_layout, describe
-        from zhnlp.training.config import (CheckpointConfig, DataConfig, LoggingConfig, MoEConfig, OptimizerConfig,
-                                           ParallelConfig, RunConfig)
 
         world = int(os.environ.get("WORLD_SIZE", "1"))
-        best = choose_layout(cfg, world, configargs.given(args, RunConfig, ParallelConfig, MoEConfig,
-                                                          OptimizerConfig, DataConfig, CheckpointConfig,
-                                                          LoggingConfig))
+        best = choose_layout(cfg, world, run_flags(args))
         if int(os.environ.get("RANK", "0")) == 0:
             import logging
 
