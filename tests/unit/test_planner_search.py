@@ -111,6 +111,25 @@ def test_parallel_auto_sets_the_layout_and_refuses_hand_set_flags(capsys, monkey
     assert "--parallel auto chooses the layout itself; drop --tp" in capsys.readouterr().err
 
 
+def test_parallel_auto_refuses_a_layout_set_in_the_config_file(tmp_path, capsys, monkeypatch):
+    """A --config file that changes a layout setting would be silently replaced by the planner's choice: refused,
+    naming the setting. A file written by --print-config repeats the recipe's own layout and is accepted."""
+    import json
+
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert main(["pretrain", "--recipe", "ernie-debug", "--print-config"]) == 0
+    dump = json.loads(capsys.readouterr().out)
+    (tmp_path / "full.json").write_text(json.dumps(dump), encoding="utf-8")
+    assert main(["pretrain", "--config", str(tmp_path / "full.json"), "--parallel", "auto", "--print-config"]) == 0
+    chosen = json.loads(capsys.readouterr().out)
+    assert chosen["parallel"]["tp"] == 1 and chosen["data"]["micro_batch_size"] >= 1
+    (tmp_path / "tp2.json").write_text(json.dumps({"recipe": "ernie-debug", "parallel": {"tp": 2},
+                                                   "recompute": "full"}), encoding="utf-8")
+    assert main(["pretrain", "--config", str(tmp_path / "tp2.json"), "--parallel", "auto", "--print-config"]) == 2
+    err = capsys.readouterr().err
+    assert "the --config file sets recompute='full', tp=2; remove those settings" in err
+
+
 def test_calibrated_hardware_round_trips_and_a_bad_file_is_named(tmp_path, capsys):
     import dataclasses
 

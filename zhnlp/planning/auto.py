@@ -38,9 +38,10 @@ def local_hardware():
     return hardware("cpu", memory_bytes=memory, gpus_per_node=max(local, 1)), memory, max(local, 1)
 
 
-def choose_layout(cfg, world: int, given: dict | None = None):
+def choose_layout(cfg, world: int, given: dict | None = None, in_config_file: dict | None = None):
     """Set ``cfg``'s layout to the planner's best for ``world`` processes on this machine's devices; returns the
-    chosen :class:`zhnlp.planning.search.Candidate`."""
+    chosen :class:`zhnlp.planning.search.Candidate`. ``given``: the command line's flags, ``in_config_file``: the
+    layout settings a ``--config`` file changes; either naming a setting the planner chooses is refused."""
     from zhnlp.planning import search
 
     clash = sorted(k for k in (given or {}) if k in CHOSEN)
@@ -48,6 +49,11 @@ def choose_layout(cfg, world: int, given: dict | None = None):
         names = ", ".join("--" + k.replace("_", "-") for k in clash)
         raise ZhnlpError(f"--parallel auto chooses the layout itself; drop {names} (or drop --parallel auto and "
                          "set the whole layout by hand).")
+    clash = sorted(k for k in (in_config_file or {}) if k in CHOSEN)
+    if clash:
+        names = ", ".join(f"{k}={in_config_file[k]!r}" for k in clash)
+        raise ZhnlpError(f"--parallel auto chooses the layout itself, but the --config file sets {names}; remove "
+                         "those settings from the file (or drop --parallel auto to train with the file's layout).")
     hw, memory, per_node = local_hardware()
     d = cfg.data
     result = search.plan(cfg.architecture(), world, global_batch=d.global_batch_size, seq_length=d.seq_length,

@@ -100,7 +100,7 @@ def _run(args) -> int:
         from zhnlp.planning.auto import choose_layout, describe
 
         world = int(os.environ.get("WORLD_SIZE", "1"))
-        best = choose_layout(cfg, world, run_flags(args))
+        best = choose_layout(cfg, world, run_flags(args), _layout_set_in_config_file(args))
         if int(os.environ.get("RANK", "0")) == 0:
             import logging
 
@@ -118,6 +118,25 @@ def _run(args) -> int:
         run.clear_previous()  # the data and the model are ready: only now may --overwrite delete the earlier run
         trainer.train(steps=stop_at)
     return 0
+
+
+def _layout_set_in_config_file(args) -> dict:
+    """The layout settings a ``--config`` file changes from its recipe's values (``{name: value}``), which
+    ``--parallel auto`` would otherwise silently replace. A file written by ``--print-config`` repeats every
+    setting; those equal to the recipe's are not a choice and pass."""
+    path = getattr(args, "config", None)
+    if not path:
+        return {}
+    from zhnlp import configargs
+    from zhnlp.planning.auto import CHOSEN
+    from zhnlp.training.config import RunConfig
+
+    data = configargs.read_config_file(path)
+    base = recipe(getattr(args, "recipe", None) or data.get("recipe") or "ernie-debug")
+    data.pop("model", None), data.pop("recipe", None)
+    given = configargs.flatten(data, RunConfig.SECTIONS)
+    defaults = configargs.flatten(dataclasses.asdict(base), RunConfig.SECTIONS)
+    return {k: v for k, v in given.items() if k in CHOSEN and v != defaults.get(k)}
 
 
 @contextlib.contextmanager
