@@ -22,7 +22,9 @@ needs megatron (:func:`prepare`); they change megatron's behaviour, never what `
 * the backwards of megatron's own autograd Functions (communication ops, activation recompute)
   run inside :func:`device_mode`: the autograd engine calls them with the mode stack cleared,
   possibly after zhnlp's call has returned (a user's ``loss.backward()``). Other libraries'
-  Functions are left alone.
+  Functions are left alone;
+* the distributed optimizer's reduce-scatter of gradient buckets over gloo runs as
+  :func:`reduce_scatter_on_caller` (see there).
 
 Everything that changes torch's own behaviour is scoped, and undone when the outermost scope ends:
 
@@ -30,7 +32,9 @@ Everything that changes torch's own behaviour is scoped, and undone when the out
   returns ``torch.device("cpu")``; ``set_device``, ``synchronize`` and the NVTX range calls are
   no-ops; the "CUDA" random generator *is* the CPU default generator (``torch.cuda.manual_seed``,
   ``get_rng_state``/``set_rng_state``); ``Tensor.cuda()`` returns the tensor itself;
-  ``DeviceMesh.from_group(group, "cuda")`` (megatron's torch-FSDP2 wrapper) makes a CPU mesh.
+  ``DeviceMesh.from_group(group, "cuda")`` (megatron's torch-FSDP2 wrapper) makes a CPU mesh;
+  torch FSDP2's reduce-scatter and all-gather over gloo run as :func:`reduce_scatter_on_caller`
+  and :func:`all_gather_on_caller`.
 * :func:`device_mode` (around model construction, process-group setup, pipeline schedules, the
   trainer's step, checkpoint I/O): :func:`scope` plus a ``TorchFunctionMode`` that maps every CUDA
   device argument (``"cuda"``, ``"cuda:0"``, ``torch.device("cuda")``, a bare GPU index) to the CPU
@@ -157,7 +161,118 @@ def _patches() -> dict:
         (torch.cuda, "stream"): lambda *_a, **_k: contextlib.nullcontext(),
         # megatron's torch-FSDP2 wrapper builds its device mesh with device_type "cuda"
         (DeviceMesh, "from_group"): staticmethod(_cpu_mesh_from_group),
+        # FSDP2's collectives: tensors freed where the profiler sees it (peak_tensor_bytes)
+        (torch.distributed, "reduce_scatter_single"): reduce_scatter_on_caller,
+        (torch.distributed, "all_gather_single"): all_gather_on_caller,
     }
+
+
+# torch's own collectives, kept for the cases the wrappers below pass on
+_REDUCE_SCATTER_SINGLE = torch.distributed.reduce_scatter_single
+_ALL_GATHER_SINGLE = torch.distributed.all_gather_single
+_RELEASE_WAIT_S = 1.0  # at most this long for gloo's worker thread to let go of a finished collective
+
+
+def _on_gloo_cpu(group, *tensors) -> bool:
+    dist = torch.distributed
+    return (all(t.device.type == "cpu" for t in tensors) and dist.get_backend(group) == dist.Backend.GLOO
+            and (group or dist.group.WORLD) not in dist.distributed_c10d._world.pg_coalesce_state)
+
+
+class _Finished:
+    """What a coalescing manager yields when its collectives were run one by one, each complete on return."""
+
+    works: list = []
+
+    def wait(self) -> None:
+        return None
+
+
+def _coalescing_for_megatron(torch_manager):
+    """megatron's ``_coalescing_manager`` around its gradient reduce-scatters and parameter all-gathers: over gloo
+    and without ``async_ops`` the collectives inside simply run one after the other, each complete on return
+    (what torch's manager guarantees at its exit), so that the reduce-scatters go through
+    :func:`reduce_scatter_for_megatron`; otherwise torch's own manager."""
+
+    @contextlib.contextmanager
+    def manager(group=None, device=None, async_ops=False):
+        dist = torch.distributed
+        if async_ops or dist.get_backend(group) != dist.Backend.GLOO:
+            with torch_manager(group, device=device, async_ops=async_ops) as cm:
+                yield cm
+            return
+        yield _Finished()
+
+    return manager
+
+
+def _run_on_caller(start, tensors) -> None:
+    """Start a collective on ``tensors`` (``start()`` returns its work), wait for it, drop it and wait until gloo's
+    worker thread has let go of it too (each tensor back to the reference count it had before), so that what the
+    work held is freed on this thread."""
+    import time
+
+    before = [t._use_count() for t in tensors]
+    work = start()
+    work.wait()
+    del work
+    deadline = time.monotonic() + _RELEASE_WAIT_S
+    while any(t._use_count() > n for t, n in zip(tensors, before)) and time.monotonic() < deadline:
+        time.sleep(0)
+
+
+def _done():
+    from torch._C._distributed_c10d import _create_work_from_future
+
+    future = torch.futures.Future()
+    future.set_result(None)
+    return _create_work_from_future(future)
+
+
+def reduce_scatter_on_caller(output, input, op=torch.distributed.ReduceOp.SUM, group=None, async_op=False):
+    """``torch.distributed.reduce_scatter_single`` (same arguments and values) that frees its temporary on the
+    calling thread. gloo copies the input and reduces the copy on a worker thread of its own, which often drops
+    the copy last: the profiler records no free there, and a running sum of its memory events (the trainer's
+    ``peak_tensor_bytes`` on CPU) would keep a gradient-sized block per step. Here the copy is this function's:
+    an all-reduce of it, this rank's part copied out, and the copy released here once gloo's thread has let go.
+    Other backends, devices and operations go to torch's own function; the result is complete on return (the
+    returned work of ``async_op`` is already finished)."""
+    dist = torch.distributed
+    average = op == dist.ReduceOp.AVG
+    if not (_on_gloo_cpu(group, output, input) and (op == dist.ReduceOp.SUM or average)):
+        return _REDUCE_SCATTER_SINGLE(output, input, op=op, group=group, async_op=async_op)
+    size, rank = dist.get_world_size(group), dist.get_rank(group)
+    if input.numel() != size * output.numel():
+        raise ValueError(f"reduce-scatter: the input has {input.numel()} elements, not {size} x the output's "
+                         f"{output.numel()}")
+    full = input.detach().clone(memory_format=torch.contiguous_format)
+    _run_on_caller(lambda: dist.all_reduce(full, group=group, async_op=True), [full])
+    part = full.view(size, -1)[rank]
+    if average:
+        part.div_(size)
+    output.copy_(part.view(output.shape))
+    del part, full
+    return _done() if async_op else None
+
+
+def reduce_scatter_for_megatron(output, input, op=torch.distributed.ReduceOp.SUM, group=None, async_op=False):
+    """megatron's ``dist_reduce_scatter_func`` (the distributed optimizer's gradient buckets): as
+    :func:`reduce_scatter_on_caller`, falling back to ``torch.distributed.reduce_scatter_tensor``."""
+    dist = torch.distributed
+    if not (_on_gloo_cpu(group, output, input) and op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG)):
+        return dist.reduce_scatter_tensor(output, input, op=op, group=group, async_op=async_op)
+    return reduce_scatter_on_caller(output, input, op=op, group=group, async_op=async_op)
+
+
+def all_gather_on_caller(output_tensor, input_tensor, group=None, async_op=False):
+    """``torch.distributed.all_gather_single``, complete on return, that waits until gloo's worker thread has let
+    go of the two tensors: FSDP drops its all-gather output right after copying it out, and a block whose last
+    reference goes on gloo's thread is freed there unseen by the profiler (see :func:`reduce_scatter_on_caller`)."""
+    if not _on_gloo_cpu(group, output_tensor, input_tensor):
+        return _ALL_GATHER_SINGLE(output_tensor, input_tensor, group=group, async_op=async_op)
+    _run_on_caller(lambda: _ALL_GATHER_SINGLE(output_tensor, input_tensor, group=group, async_op=True),
+                   [output_tensor, input_tensor])
+    return _done() if async_op else None
 
 
 def _cpu_mesh_from_group(group, device_type, *args, **kwargs):
@@ -225,6 +340,12 @@ def _prepare_megatron() -> None:
         torch.set_rng_state(new_state)
 
     _prepare_moe()
+    import megatron.core.distributed.param_and_grad_buffer as buffers
+
+    if buffers.dist_reduce_scatter_func in (torch.distributed.reduce_scatter_tensor,
+                                            getattr(torch.distributed, "_reduce_scatter_base", None)):
+        buffers.dist_reduce_scatter_func = reduce_scatter_for_megatron
+        buffers._coalescing_manager = _coalescing_for_megatron(buffers._coalescing_manager)
     mrandom._get_cuda_rng_state = get_state
     mrandom._set_cuda_rng_state = set_state
     logging.getLogger(mrandom.__name__).addFilter(_DropTrackerWarning())
