@@ -10,7 +10,7 @@ from zhnlp.cli import main
 from zhnlp.planning import Layout, peak_memory
 from zhnlp.planning.search import evaluate, plan, usable_memory
 from zhnlp.planning.timing import hardware, step_time
-from zhnlp.training.config import recipe
+from zhnlp.training.config import override, recipe
 
 
 def test_the_best_layouts_fit_divide_the_model_and_come_fastest_first():
@@ -78,6 +78,27 @@ def test_plan_refuses_with_one_clear_line(capsys, argv, message):
 def test_nothing_fits_exits_1_with_the_way_out(capsys):
     assert main(["plan", "--recipe", "ernie4.5-300b-a47b", "--gpus", "8", "--global-batch-size", "64"]) == 1
     assert "devices would" in capsys.readouterr().out
+
+
+def test_fsdp_is_searched_and_chosen_where_only_it_fits():
+    """With devices too small for every layout that keeps whole weights on a rank, the planner picks --fsdp (and
+    the layout it picks is one the trainer accepts)."""
+    from zhnlp.planning.search import RESERVE_BYTES, RESERVE_FRACTION, layouts
+
+    arch = recipe("ernie4.5-0.3b").architecture()
+    batch = dict(global_batch=64, seq_length=4096, hardware="a100-80")
+    leanest = {True: float("inf"), False: float("inf")}
+    for layout, mb in layouts(arch, 8, gpus_per_node=8, precision="bf16", global_batch=64):
+        total = evaluate(arch, layout, micro_batch=mb, with_time=False, **batch).memory["total"]
+        leanest[layout.fsdp] = min(leanest[layout.fsdp], total)
+    assert leanest[True] < leanest[False]  # 16 heads over 2 key/value heads: TP 2 at most, so FSDP saves most
+    usable = (leanest[True] + leanest[False]) // 2  # room for FSDP only
+    memory = int((usable + RESERVE_BYTES) / (1 - RESERVE_FRACTION)) + 1
+    result = plan(arch, 8, gpu_memory=memory, top=3, precision="bf16", **batch)
+    assert result["best"] and all(c.layout.fsdp for c in result["best"]), [c.flags() for c in result["best"]]
+    lay = result["best"][0].layout
+    override(recipe("ernie4.5-0.3b"), tp=lay.tp, pp=lay.pp, fsdp=True, sequence_parallel=lay.sequence_parallel,
+             recompute=lay.recompute).check(world_size=8)
 
 
 def test_gpt3_175b_on_1024_a100s_gets_the_published_family():

@@ -26,9 +26,11 @@ log-sum-exp); each was identified with the profiler's memory events (``scripts/v
 Split over tensor parallelism: everything per head or per MLP column (a/tp heads, f/tp); with sequence
 parallelism the rest too (the sequence is split). Full recompute keeps each layer's input and recomputes one
 layer at a time; selective recompute changes nothing here (the fused attention saves no s x s scores).
-Under ``--fsdp`` the head's backward also holds the FSDP units in use, each as its all-gather buffer and its
-unsharded copy (the root unit, the current layer and the prefetched one), and the end of the backward the root's
-unsharded gradients and their reduce-scatter input (measured peaks are still 14-28% higher on CPU).
+Under ``--fsdp`` the head's moment also holds the root unit's unsharded weights (embeddings, final norm,
+output layer: FSDP2 keeps the root gathered from its forward to its backward; its all-gather buffer is gone
+after the copy-out, and the layers are resharded after their forward), counted with two layers' unsharded
+weights beside it (a layer gathered again for its backward and the one prefetched); the end of an encoder's
+backward the root's unsharded gradients and their reduce-scatter input.
 Attention dropout would make torch's CPU attention fall back to the unfused path, which saves the s x s
 probabilities: counted (heads x s x (2 x dtype + 1 byte mask) per token) but not measured here, since the
 recipes train without dropout.
@@ -169,10 +171,10 @@ def activation_memory(arch, layout: Layout, *, micro_batch: int, seq_length: int
                     predicted_tokens if predicted_tokens is not None else round(mask_prob * seq_length) * micro_batch)
                 head = _loss_bytes(n, v, tp, p, blockwise=False) + n * (3 * h * p + 2 * FP32)  # + the transform
         head = max(head, recomputed)  # a recomputed layer lives in its own backward, after the head's
-        embedding_grad = 3 * v * h // tp * FP32 if stage == 0 and not _is_decoder(arch) else 0
-        if layout.fsdp:  # FSDP2 keeps each unit's all-gather buffer beside its unsharded copy while in use
+        embedding_grad = 3 * v * h // tp * p if stage == 0 and not _is_decoder(arch) else 0  # in the weights' dtype
+        if layout.fsdp:  # the units' unsharded weights (see the module docstring)
             root, layer = _fsdp_units(arch, layout, stage, layers)
-            head += 2 * (root + 2 * layer) * p  # the root unit, a layer and the one prefetched
+            head += (root + 2 * layer) * p  # the root unit, a layer and the one prefetched
             embedding_grad += 2 * root * p  # the root's unsharded gradients and their reduce-scatter input
         largest = max(v * h // tp, 3 * h * h // tp, h * getattr(arch, "intermediate_size", h) * 2 // tp)
         if layout.distributed_optimizer:

@@ -105,10 +105,9 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def layouts(arch, gpus: int, *, gpus_per_node: int, precision: str, global_batch: int, fsdp: bool = False):
-    """Every (layout, micro-batch) the model and the batch admit on ``gpus`` devices. FSDP layouts only with
-    ``fsdp``: the memory model's FSDP buffers still fall short of the measured peaks on CPU (by 14-28%, which also
-    vary from run to run), so the search does not offer them by default."""
+def layouts(arch, gpus: int, *, gpus_per_node: int, precision: str, global_batch: int, fsdp: bool = True):
+    """Every (layout, micro-batch) the model and the batch admit on ``gpus`` devices; with ``fsdp`` (default) also
+    the fully sharded ones (``--fsdp``: not with expert parallelism or fp16, as zhnlp.training.fsdp refuses)."""
     moe = bool(getattr(arch, "is_moe", False))
     heads = arch.num_attention_heads
     kv = getattr(arch, "num_key_value_heads", heads)

@@ -55,7 +55,7 @@ def add_cli(subparsers) -> None:
                         "for time-limited jobs")
     p.add_argument("--parallel", choices=["auto"], default=argparse.SUPPRESS,
                    help="auto: let the planner choose the layout (tp, pp, vpp, ep, sequence parallelism, recompute, "
-                        "distributed optimizer, micro batch) for the processes this run has; printed "
+                        "distributed optimizer or FSDP, micro batch) for the processes this run has; printed "
                         "before training starts (see `zhnlp plan`)")
     p.set_defaults(func=_run)
 
