@@ -30,6 +30,24 @@ def test_the_best_layouts_fit_divide_the_model_and_come_fastest_first():
     assert all(c.reason.startswith(("fits but", "does not fit")) for c in result["rejected"])
 
 
+@pytest.mark.parametrize("name, gpus, family", [
+    ("ernie4.5-21b-a3b", 64, dict(tp=1, pp=1, ep=8)),  # the publication's: experts inside a node, no TP or PP
+    ("ernie4.5-300b-a47b", 384, dict(tp=4, pp=6, ep=2)),  # experts inside a node, pipeline across nodes (+ TP)
+])
+def test_ernie_4_5_on_h800_clusters_gets_the_published_family(name, gpus, family):
+    """README's "Published runs": intra-node expert parallelism and the distributed optimizer. FSDP is searched
+    too; under it every micro-batch gathers all the weights, experts included, which loses here."""
+    arch = recipe(name).architecture()
+    [best] = plan(arch, gpus, global_batch=1024, seq_length=4096, hardware="h800", top=1)["best"]
+    lay = best.layout
+    assert {k: getattr(lay, k) for k in family} == family and lay.distributed_optimizer and not lay.fsdp
+    # FSDP of an MoE model (ep=1) moves every expert's weights, every micro-batch: slower than the whole chosen step
+    fsdp = evaluate(arch, Layout(world=gpus, tp=8, pp=3 if gpus % 3 == 0 else 1, sequence_parallel=True, fsdp=True,
+                                 precision="bf16"),
+                    micro_batch=1, global_batch=1024, seq_length=4096, hardware="h800")
+    assert fsdp.time["dp"] > best.time["total"]
+
+
 def test_when_nothing_fits_the_planner_says_what_would():
     arch = recipe("ernie4.5-300b-a47b").architecture()
     result = plan(arch, 8, global_batch=64, seq_length=4096, hardware="h100")

@@ -304,9 +304,11 @@ def step_amounts(arch, layout: Layout, *, global_batch: int, micro_batch: int, s
         dense, expert = params[st]["dense"], params[st]["expert"]
         edp, etp = lay.expert_dp, lay.expert_tp
         if getattr(lay, "fsdp", False):  # every micro-batch: weights gathered for forward and backward, gradients
-            # reduce-scattered, all in the parameters' precision (megatron's FSDP2 wrapper does not skip syncs)
-            grads = _add(_collective("all_gather", act * dense, dp, tp, hw, 2 * m * vpp),
-                         _collective("reduce_scatter", act * dense, dp, tp, hw, m * vpp))
+            # reduce-scattered, all in the parameters' precision (megatron's FSDP2 wrapper does not skip syncs);
+            # an MoE model's experts too (FSDP runs without expert parallelism, so they are sharded like the rest)
+            sharded_params = dense + expert
+            grads = _add(_collective("all_gather", act * sharded_params, dp, tp, hw, 2 * m * vpp),
+                         _collective("reduce_scatter", act * sharded_params, dp, tp, hw, m * vpp))
         elif lay.distributed_optimizer:
             grads = _add(_collective("reduce_scatter", 4 * dense, dp, tp, hw, vpp),
                          _collective("all_gather", act * dense, dp, tp, hw, vpp),
