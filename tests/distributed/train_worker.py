@@ -32,13 +32,16 @@ def main() -> int:
     ap.add_argument("--ep", type=int, default=None)
     ap.add_argument("--etp", type=int, default=None)
     ap.add_argument("--moe-aux-loss-coeff", type=float, default=None)
+    ap.add_argument("--overlap-grad-reduce", action="store_true")
+    ap.add_argument("--bucket-size", type=int, default=None)
     args = ap.parse_args()
     torch.set_num_threads(1)
     cfg = override(recipe(args.recipe), prefix=args.data, steps=args.steps, tp=args.tp, pp=args.pp, vpp=args.vpp,
                    sequence_parallel=args.sp or None, recompute=args.recompute,
                    distributed_optimizer=args.distributed_optimizer or None, output=str(args.out / args.tag),
                    reset_attention=args.reset_attention or None, ep=args.ep, etp=args.etp,
-                   moe_aux_loss_coeff=args.moe_aux_loss_coeff, fsdp=args.fsdp or None)
+                   moe_aux_loss_coeff=args.moe_aux_loss_coeff, fsdp=args.fsdp or None,
+                   overlap_grad_reduce=args.overlap_grad_reduce or None, bucket_size=args.bucket_size)
     cfg.data.seq_length = 32
     trainer = Trainer(cfg)
     history = trainer.train()

@@ -51,6 +51,11 @@ class ParallelConfig:
                                "etp=1 lets tp*ep exceed the number of processes)", check=positive)
     fsdp: bool = _f(False, "fully sharded data parallelism (ZeRO-3 class, torch FSDP2 through megatron-core): "
                            "weights, gradients and optimizer states sharded over the data-parallel ranks")
+    overlap_grad_reduce: bool = _f(False, "start the data-parallel gradient reduction (all-reduce, or the "
+                                          "distributed optimizer's reduce-scatter) bucket by bucket during the "
+                                          "backward of the last micro-batch, instead of after it (megatron DDP)")
+    bucket_size: int | None = _f(None, "parameters per gradient bucket with overlap_grad_reduce (default "
+                                       "megatron's: max(40M, 1M x data-parallel size))", check=positive)
 
 
 @dataclass
@@ -216,6 +221,13 @@ class RunConfig:
                                 f"{d.micro_batch_size} x data-parallel size {dp}")
         if p.sequence_parallel and p.tp == 1:
             problems.append("sequence parallelism needs tp >= 2")
+        if p.bucket_size is not None and not p.overlap_grad_reduce:
+            problems.append("bucket_size sets the buckets of overlap_grad_reduce; without it the gradients are "
+                            "reduced in one bucket after the backward (add --overlap-grad-reduce or drop "
+                            "--bucket-size)")
+        if p.overlap_grad_reduce and p.fsdp:
+            problems.append("--fsdp reduce-scatters each layer's gradients during the backward already; drop "
+                            "--overlap-grad-reduce")
         if p.sequence_parallel and d.seq_length % p.tp:
             problems.append(f"seq_length {d.seq_length} is not divisible by tp={p.tp} (sequence parallelism)")
         if self.precision not in ("fp32", "bf16", "fp16"):

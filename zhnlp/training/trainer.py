@@ -165,8 +165,9 @@ class Trainer:
             self.tokenizer_name = tokenizer_name
         self.config = tconf = self.model.transformer_config
         with cpu.device_mode():
-            ddp = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=False,
-                                                use_distributed_optimizer=o.distributed_optimizer)
+            ddp = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=p.overlap_grad_reduce,
+                                                use_distributed_optimizer=o.distributed_optimizer,
+                                                bucket_size=p.bucket_size)
             chunks = self.model.chunks
             if dtype != torch.float32:
                 from megatron.core.transformer.module import Float16Module
@@ -198,6 +199,9 @@ class Trainer:
 
             tconf.finalize_model_grads_func = finalize
         tconf.no_sync_func = [c.no_sync for c in self.chunks] if len(self.chunks) > 1 else self.chunks[0].no_sync
+        if p.overlap_grad_reduce:  # the pipeline schedules start each chunk's reduction after its last backward
+            tconf.grad_sync_func = ([c.start_grad_sync for c in self.chunks] if len(self.chunks) > 1
+                                    else self.chunks[0].start_grad_sync)
         tconf.grad_scale_func = self.optimizer.scale_loss
         self.dp_group = ps.get_data_parallel_group()
         self.logging_rank = lay.world_size - 1  # on the last pipeline stage, where the loss is
