@@ -26,6 +26,11 @@ ROOT = Path(__file__).resolve().parents[1]
 
 def run(recipe: str, nproc: int, steps: int, flags: list[str], data: str) -> float:
     """Median tokens/s of steps 3.. of one ``zhnlp pretrain`` run."""
+    return statistics.median(r["tokens_per_s"] for r in pretrain_metrics(recipe, nproc, steps, flags, data))
+
+
+def pretrain_metrics(recipe: str, nproc: int, steps: int, flags: list[str], data: str) -> list[dict]:
+    """metrics.jsonl of one ``zhnlp pretrain`` run under torchrun, the steps after the first two."""
     with tempfile.TemporaryDirectory() as d:
         out = Path(d) / "run"
         cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "-m", "zhnlp", "pretrain",
@@ -40,7 +45,7 @@ def run(recipe: str, nproc: int, steps: int, flags: list[str], data: str) -> flo
     rows = [r for r in rows if "tokens_per_s" in r][2:]
     if not rows:
         raise RuntimeError("no step after the first two: pass --steps 3 or more")
-    return statistics.median(r["tokens_per_s"] for r in rows)
+    return rows
 
 
 def main() -> int:

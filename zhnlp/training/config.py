@@ -103,6 +103,8 @@ class DataConfig:
     global_batch_size: int = _f(32, "samples per optimizer step over all ranks", check=positive)
     mask_prob: float = _f(0.15, "fraction of tokens masked", check=number(0, 1, low_open=True, high_open=True))
     max_ngram: int = _f(1, "longest masked n-gram of whole words (1: whole-word masking)", check=positive)
+    prefetch: bool = _f(True, "prepare the next step's micro-batches on a background thread while this step "
+                              "computes (metrics.jsonl: data_wait_s, the time a step still waited for them)")
     reset_attention: bool = _f(False, "causal LM: attention stops at document ends (EOD) and position ids restart "
                                       "per document (default: packed windows attend across documents)")
     eod_mask_loss: bool = _f(False, "causal LM: no loss on predicting the token after an EOD (the next "

@@ -156,7 +156,7 @@ class Trainer:
         run = run_options(cfg)
         if model is None:
             self.dataset = self._dataset()
-            self.batches = self._micro_batches
+            self.batches = Prefetch(self._micro_batches) if cfg.data.prefetch else self._micro_batches
             self.model = PretrainedModel.from_config(cfg.family, cfg.architecture(), cfg.head, seed=cfg.seed, **run)
         else:
             if batches is None:
@@ -273,7 +273,9 @@ class Trainer:
         from megatron.core.pipeline_parallel import get_forward_backward_func
 
         d = self.cfg.data
+        waited = time.perf_counter()
         micro = self.batches(self.step)
+        waited = time.perf_counter() - waited
         seq = micro[0]["input_ids"].shape[1]  # fine-tuning pads each global batch to its longest sample
         start = time.perf_counter()
         with cpu.device_mode():
@@ -304,6 +306,7 @@ class Trainer:
                 "grad_norm": float(grad_norm) if grad_norm is not None else None,
                 "loss_scale": float(self.optimizer.get_loss_scale()), "skipped": int(not ok),
                 "tokens_per_s": tokens / elapsed, "mfu": self._flops(tokens, seq) / elapsed / self._peak(),
+                "step_time_s": elapsed, "data_wait_s": waited,
                 "max_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                 **self._peak_tensor_bytes(),
                 **self._model_metrics()}
@@ -343,9 +346,13 @@ class Trainer:
 
         ck = self.cfg.checkpoint
         with contextlib.closing(self.peak_memory):  # stopped however this ends (a failed resume included)
-            if ck.resume:
-                checkpoint.resume(self)
-            return self._loop(steps, after_step)
+            try:
+                if ck.resume:
+                    checkpoint.resume(self)
+                return self._loop(steps, after_step)
+            finally:
+                if isinstance(self.batches, Prefetch):
+                    self.batches.close()
 
     def _loop(self, steps, after_step) -> list[dict]:
         from zhnlp.training import checkpoint
@@ -416,3 +423,36 @@ class Trainer:
         stop = Interrupted(f"stopped by {name} at step {self.step}{where}", signum)
         stop.step, stop.checkpoint, stop.history = self.step, path, history
         raise stop
+
+
+class Prefetch:
+    """``make(step)`` (a pure function of the step: the micro-batches of global batch ``step``) with the next step's
+    result prepared on a background thread while the caller computes this one. Asked for another step than the
+    one prepared (a resume, a second ``train()``), it makes that step itself; the results are those of ``make``."""
+
+    def __init__(self, make):
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.make = make
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zhnlp-data")
+        self.pending = None  # (step, future)
+
+    def __call__(self, step: int):
+        pending, self.pending = self.pending, None
+        if pending is not None and pending[0] == step:
+            batches = pending[1].result()  # an error making it is raised here, in the step that needs it
+        else:
+            if pending is not None:
+                pending[1].cancel()
+            batches = self.make(step)
+        self.pending = (step + 1, self.pool.submit(self.make, step + 1))
+        return batches
+
+    def close(self) -> None:
+        """Drop what was prepared ahead and stop the thread; a later call starts it again."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        self.pool.shutdown(wait=True, cancel_futures=True)
+        self.pending = None
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zhnlp-data")
+
