@@ -35,7 +35,7 @@ sys.path.insert(0, str(ROOT))
 
 # recipe script, settings (CPU-sized: subsets and lengths chosen so that each run takes well under an hour)
 FINETUNE = {
-    "sentiment": ("sentiment_reviews.py", ["epochs=2", "lr=5e-5", "max_length=128", "batch_size=32",
+    "sentiment": ("sentiment_reviews.py", ["epochs=4", "lr=5e-5", "max_length=160", "batch_size=32",
                                            "eval_batch_size=128"]),
     "lcqmc": ("lcqmc.py", ["epochs=1", "lr=5e-5", "max_length=64", "batch_size=32", "eval_batch_size=256",
                            "max_train_examples=40000"]),
