@@ -198,6 +198,8 @@ class Trainer:
                 return finalize_model_grads(model, *args, **kwargs)
 
             tconf.finalize_model_grads_func = finalize
+        self._grad_sync_s = 0.0  # this step's time in the gradient reductions after the backward
+        tconf.finalize_model_grads_func = self._timed(tconf.finalize_model_grads_func)
         tconf.no_sync_func = [c.no_sync for c in self.chunks] if len(self.chunks) > 1 else self.chunks[0].no_sync
         if p.overlap_grad_reduce:  # the pipeline schedules start each chunk's reduction after its last backward
             tconf.grad_sync_func = ([c.start_grad_sync for c in self.chunks] if len(self.chunks) > 1
@@ -278,18 +280,23 @@ class Trainer:
         waited = time.perf_counter() - waited
         seq = micro[0]["input_ids"].shape[1]  # fine-tuning pads each global batch to its longest sample
         start = time.perf_counter()
+        self._grad_sync_s = 0.0
         with cpu.device_mode():
             for c in self.chunks:
                 c.train()
                 c.zero_grad_buffer()
             self.optimizer.zero_grad()
             iters = [iter(micro) for _ in self.chunks] if len(self.chunks) > 1 else iter(micro)
+            forward_backward = time.perf_counter()
             losses = get_forward_backward_func()(
                 forward_step_func=forward_step, data_iterator=iters, model=self.chunks,
                 num_microbatches=len(micro), seq_length=seq, micro_batch_size=d.micro_batch_size,
                 forward_only=False)
+            optimizer = time.perf_counter()
+            forward_backward = optimizer - forward_backward
             ok, grad_norm, _ = self.optimizer.step()
             self.scheduler.step(increment=1)
+            optimizer = time.perf_counter() - optimizer
         loss = torch.zeros(())
         if losses and self.config.calculate_per_token_loss:  # (loss sum, targets) over micro-batches and ranks
             total = torch.stack([x["loss"] for x in losses]).sum(0)
@@ -302,14 +309,47 @@ class Trainer:
         elapsed = time.perf_counter() - start
         self.step += 1
         tokens = d.global_batch_size * seq
+        parts = {"compute_s": forward_backward - self._grad_sync_s, "grad_sync_s": self._grad_sync_s,
+                 "optimizer_s": optimizer}
+        parts["other_s"] = elapsed - sum(parts.values())
         return {"step": self.step, "loss": float(loss), "lr": self.optimizer.param_groups[0]["lr"],
                 "grad_norm": float(grad_norm) if grad_norm is not None else None,
                 "loss_scale": float(self.optimizer.get_loss_scale()), "skipped": int(not ok),
                 "tokens_per_s": tokens / elapsed, "mfu": self._flops(tokens, seq) / elapsed / self._peak(),
-                "step_time_s": elapsed, "data_wait_s": waited,
+                "step_time_s": elapsed, "data_wait_s": waited, **parts, **self._ranks(parts["compute_s"], elapsed),
                 "max_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                 **self._peak_tensor_bytes(),
                 **self._model_metrics()}
+
+    def _timed(self, finalize):
+        """megatron's ``finalize_model_grads`` (the gradient reductions after the backward: data-parallel, or the
+        wait for the buckets ``--overlap-grad-reduce`` started; the tied embedding's and sequence-parallel
+        norms') with its time added to this step's ``grad_sync_s``."""
+
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return finalize(*args, **kwargs)
+            finally:
+                self._grad_sync_s += time.perf_counter() - start
+
+        return timed
+
+    def _ranks(self, compute: float, elapsed: float) -> dict:
+        """Every rank's compute and step time (one small all-gather): the spread of the step time and the slowest
+        rank, the one with the most compute time (in synchronous training the others spend the difference
+        waiting in the gradient reduction or the pipeline, so their step times are alike)."""
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        if world == 1:
+            return {}
+        mine = torch.tensor([compute, elapsed], dtype=torch.float64)
+        every = [torch.empty_like(mine) for _ in range(world)]
+        dist.all_gather(every, mine)
+        every = torch.stack(every)
+        slowest = int(every[:, 0].argmax())
+        return {"step_time_min_s": float(every[:, 1].min()), "step_time_max_s": float(every[:, 1].max()),
+                "compute_max_s": float(every[slowest, 0]), "compute_min_s": float(every[:, 0].min()),
+                "slowest_rank": slowest}
 
     def _peak_tensor_bytes(self) -> dict:
         """``peak_tensor_bytes``: the allocator-level peak over all ranks since the model was built (see
