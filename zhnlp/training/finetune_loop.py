@@ -192,7 +192,10 @@ def run_finetune(task: Task, cfg: FinetuneConfig, run_dir, sources: dict, comput
         def evaluate(step: int) -> None:
             pending = run_state["pending"]
             # the loss lives on the last pipeline stage: take the logging rank's mean
-            mean = torch.tensor(float(np.mean(pending)) if pending else float("nan"), dtype=torch.float64)
+            from zhnlp import distributed
+
+            mean = torch.tensor(float(np.mean(pending)) if pending else float("nan"), dtype=torch.float64,
+                                device=distributed.device())  # NCCL takes GPU tensors only
             dist.broadcast(mean, src=trainer.logging_rank)
             scores, predictions = _evaluate(task, cfg, trainer.model, dev, labels, compute_metrics, "dev", pad_id)
             key = metric if metric in scores else cfg.metric_for_best_model  # compute_metrics may say eval_x itself

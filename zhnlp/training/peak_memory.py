@@ -91,7 +91,9 @@ class PeakTensorMemory:
     @staticmethod
     def _max_over_ranks(value: int) -> int:
         if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-            t = torch.tensor([value], dtype=torch.int64)
+            from zhnlp import distributed
+
+            t = torch.tensor([value], dtype=torch.int64, device=distributed.device())  # NCCL takes GPU tensors
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             value = int(t.item())
         return int(value)

@@ -342,10 +342,10 @@ class Trainer:
         world = dist.get_world_size() if dist.is_initialized() else 1
         if world == 1:
             return {}
-        mine = torch.tensor([compute, elapsed], dtype=torch.float64)
+        mine = torch.tensor([compute, elapsed], dtype=torch.float64, device=distributed.device())  # NCCL: a GPU
         every = [torch.empty_like(mine) for _ in range(world)]
         dist.all_gather(every, mine)
-        every = torch.stack(every)
+        every = torch.stack(every).cpu()
         slowest = int(every[:, 0].argmax())
         return {"step_time_min_s": float(every[:, 1].min()), "step_time_max_s": float(every[:, 1].max()),
                 "compute_max_s": float(every[slowest, 0]), "compute_min_s": float(every[:, 0].min()),
@@ -495,4 +495,3 @@ class Prefetch:
         self.pool.shutdown(wait=True, cancel_futures=True)
         self.pending = None
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="zhnlp-data")
-
