@@ -13,7 +13,7 @@ import argparse
 import json
 import statistics
 
-from bench_overlap import pretrain_metrics
+from pretrain_runs import pretrain_metrics
 
 
 def main() -> int:
@@ -41,7 +41,8 @@ def main() -> int:
     print(f"{args.nproc} processes, {args.steps} steps each (steps 3..); data wait = time a step waited for its batch")
     print(f"{'run':<36} {'wait median ms':>15} {'wait max ms':>12} {'step ms':>9}")
     for name, r in results.items():
-        print(f"{name:<36} {r['data_wait_median_ms']:>15.2f} {r['data_wait_max_ms']:>12.2f} {r['step_median_ms']:>9.1f}")
+        print(f"{name:<36} {r['data_wait_median_ms']:>15.2f} {r['data_wait_max_ms']:>12.2f} "
+              f"{r['step_median_ms']:>9.1f}")
     return 0
 
 

@@ -31,16 +31,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 import warnings
-from pathlib import Path
 
 import torch
+from pretrain_runs import pretrain_metrics
 
 GOALS = {"dense-train": 1.10, "moe-train": 1.10, "generate": 1.10}
 WIDTHS = dict(vocab_size=103424, hidden_size=1024, num_hidden_layers=4, num_attention_heads=16,
@@ -145,20 +142,7 @@ def bench_recipe(recipe: str, steps: int, nproc: int, peak: float) -> dict:
     """``zhnlp pretrain --recipe RECIPE`` under torchrun -> median tokens/s and MFU of the steps after the first two."""
     from zhnlp.data.demo import demo_corpus
 
-    root = Path(__file__).resolve().parents[1]
-    with tempfile.TemporaryDirectory() as d:
-        out = Path(d) / "run"
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "-m", "zhnlp",
-               "pretrain", "--recipe", recipe, "--steps", str(steps), "--output", str(out), "--log-interval", "1",
-               "--peak-tflops", f"{peak:.6g}", "--data", str(demo_corpus(objective="causal-lm"))]
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONPATH=str(root))
-        done = subprocess.run(cmd, cwd=root, env=env, capture_output=True, text=True)
-        if done.returncode:
-            raise RuntimeError(f"{' '.join(cmd)} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
-        rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    rows = [r for r in rows if "tokens_per_s" in r][2:]
-    if not rows:
-        raise RuntimeError(f"{recipe}: metrics.jsonl holds no step after the first two; pass --steps 3 or more.")
+    rows = pretrain_metrics(recipe, nproc, steps, ["--peak-tflops", f"{peak:.6g}"], demo_corpus(objective="causal-lm"))
     return {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in rows),
             "mfu": statistics.median(r["mfu"] for r in rows), "steps_measured": len(rows)}
 

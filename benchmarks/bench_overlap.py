@@ -14,38 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
-import subprocess
-import sys
-import tempfile
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from pretrain_runs import pretrain_metrics
 
 
 def run(recipe: str, nproc: int, steps: int, flags: list[str], data: str) -> float:
     """Median tokens/s of steps 3.. of one ``zhnlp pretrain`` run."""
     return statistics.median(r["tokens_per_s"] for r in pretrain_metrics(recipe, nproc, steps, flags, data))
-
-
-def pretrain_metrics(recipe: str, nproc: int, steps: int, flags: list[str], data: str) -> list[dict]:
-    """metrics.jsonl of one ``zhnlp pretrain`` run under torchrun, the steps after the first two."""
-    with tempfile.TemporaryDirectory() as d:
-        out = Path(d) / "run"
-        cmd = [sys.executable, "-m", "torch.distributed.run", f"--nproc-per-node={nproc}", "-m", "zhnlp", "pretrain",
-               "--recipe", recipe, "--steps", str(steps), "--output", str(out), "--log-interval", "1",
-               "--data", data, *flags]
-        env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), PYTHONPATH=str(ROOT),
-                   PYTHONWARNINGS="ignore")
-        done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
-        if done.returncode:
-            raise RuntimeError(f"{' '.join(cmd)} failed (exit {done.returncode}):\n{done.stderr[-3000:]}")
-        rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines() if line.strip()]
-    rows = [r for r in rows if "tokens_per_s" in r][2:]
-    if not rows:
-        raise RuntimeError("no step after the first two: pass --steps 3 or more")
-    return rows
 
 
 def main() -> int:
