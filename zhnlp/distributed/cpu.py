@@ -24,7 +24,8 @@ needs megatron (:func:`prepare`); they change megatron's behaviour, never what `
   possibly after zhnlp's call has returned (a user's ``loss.backward()``). Other libraries'
   Functions are left alone;
 * the distributed optimizer's reduce-scatter of gradient buckets over gloo runs as
-  :func:`reduce_scatter_on_caller` (see there).
+  ``reduce_scatter_for_megatron``, which frees its temporary on the calling thread (see
+  :func:`_reduce_scatter_on_caller`), outside torch's coalescing manager when the reduction is synchronous.
 
 Everything that changes torch's own behaviour is scoped, and undone when the outermost scope ends:
 
@@ -229,45 +230,45 @@ def _done():
     return _create_work_from_future(future)
 
 
-def reduce_scatter_on_caller(output, input, op=torch.distributed.ReduceOp.SUM, group=None, async_op=False):
-    """``torch.distributed.reduce_scatter_single`` (same arguments and values) that frees its temporary on the
-    calling thread. gloo copies the input and reduces the copy on a worker thread of its own, which often drops
-    the copy last: the profiler records no free there, and a running sum of its memory events (the trainer's
-    ``peak_tensor_bytes`` on CPU) would keep a gradient-sized block per step. Here the copy is this function's:
-    an all-reduce of it, this rank's part copied out, and the copy released here once gloo's thread has let go.
-    Other backends, devices and operations go to torch's own function; the result is complete on return (the
-    returned work of ``async_op`` is already finished)."""
-    dist = torch.distributed
-    average = op == dist.ReduceOp.AVG
-    if not (_on_gloo_cpu(group, output, input) and (op == dist.ReduceOp.SUM or average)):
-        return _REDUCE_SCATTER_SINGLE(output, input, op=op, group=group, async_op=async_op)
-    size, rank = dist.get_world_size(group), dist.get_rank(group)
-    if input.numel() != size * output.numel():
-        raise ValueError(f"reduce-scatter: the input has {input.numel()} elements, not {size} x the output's "
-                         f"{output.numel()}")
-    full = input.detach().clone(memory_format=torch.contiguous_format)
-    _run_on_caller(lambda: dist.all_reduce(full, group=group, async_op=True), [full])
-    part = full.view(size, -1)[rank]
-    if average:
-        part.div_(size)
-    output.copy_(part.view(output.shape))
-    del part, full
-    return _done() if async_op else None
+def _reduce_scatter_on_caller(fallback):
+    """A reduce-scatter with ``fallback``'s arguments and values that frees its temporary on the calling thread.
+    gloo copies the input and reduces the copy on a worker thread of its own, which often drops the copy last: the
+    profiler records no free there, and a running sum of its memory events (the trainer's ``peak_tensor_bytes`` on
+    CPU) would keep a gradient-sized block per step. Here the copy is this function's: an all-reduce of it, this
+    rank's part copied out, and the copy released here once gloo's thread has let go. Other backends, devices and
+    operations go to ``fallback``; the result is complete on return (the returned work of ``async_op`` is already
+    finished)."""
+
+    def reduce_scatter(output, input, op=torch.distributed.ReduceOp.SUM, group=None, async_op=False):
+        dist = torch.distributed
+        average = op == dist.ReduceOp.AVG
+        if not (_on_gloo_cpu(group, output, input) and (op == dist.ReduceOp.SUM or average)):
+            return fallback(output, input, op=op, group=group, async_op=async_op)
+        size, rank = dist.get_world_size(group), dist.get_rank(group)
+        if input.numel() != size * output.numel():
+            raise ValueError(f"reduce-scatter: the input has {input.numel()} elements, not {size} x the output's "
+                             f"{output.numel()}")
+        full = input.detach().clone(memory_format=torch.contiguous_format)
+        _run_on_caller(lambda: dist.all_reduce(full, group=group, async_op=True), [full])
+        part = full.view(size, -1)[rank]
+        if average:
+            part.div_(size)
+        output.copy_(part.view(output.shape))
+        return _done() if async_op else None  # the copy is freed on this return
+
+    return reduce_scatter
 
 
-def reduce_scatter_for_megatron(output, input, op=torch.distributed.ReduceOp.SUM, group=None, async_op=False):
-    """megatron's ``dist_reduce_scatter_func`` (the distributed optimizer's gradient buckets): as
-    :func:`reduce_scatter_on_caller`, falling back to ``torch.distributed.reduce_scatter_tensor``."""
-    dist = torch.distributed
-    if not (_on_gloo_cpu(group, output, input) and op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG)):
-        return dist.reduce_scatter_tensor(output, input, op=op, group=group, async_op=async_op)
-    return reduce_scatter_on_caller(output, input, op=op, group=group, async_op=async_op)
+# ``torch.distributed.reduce_scatter_single`` (FSDP2's) and megatron's ``dist_reduce_scatter_func`` (the distributed
+# optimizer's gradient buckets, ``torch.distributed.reduce_scatter_tensor``) freeing on the caller
+reduce_scatter_on_caller = _reduce_scatter_on_caller(_REDUCE_SCATTER_SINGLE)
+reduce_scatter_for_megatron = _reduce_scatter_on_caller(torch.distributed.reduce_scatter_tensor)
 
 
 def all_gather_on_caller(output_tensor, input_tensor, group=None, async_op=False):
     """``torch.distributed.all_gather_single``, complete on return, that waits until gloo's worker thread has let
     go of the two tensors: FSDP drops its all-gather output right after copying it out, and a block whose last
-    reference goes on gloo's thread is freed there unseen by the profiler (see :func:`reduce_scatter_on_caller`)."""
+    reference goes on gloo's thread is freed there unseen by the profiler (see :func:`_reduce_scatter_on_caller`)."""
     if not _on_gloo_cpu(group, output_tensor, input_tensor):
         return _ALL_GATHER_SINGLE(output_tensor, input_tensor, group=group, async_op=async_op)
     _run_on_caller(lambda: _ALL_GATHER_SINGLE(output_tensor, input_tensor, group=group, async_op=True),

@@ -41,7 +41,7 @@ def local_hardware():
 def choose_layout(cfg, world: int, given: dict | None = None, in_config_file: dict | None = None):
     """Set ``cfg``'s layout to the planner's best for ``world`` processes on this machine's devices; returns the
     chosen :class:`zhnlp.planning.search.Candidate`. ``given``: the command line's flags, ``in_config_file``: the
-    layout settings a ``--config`` file changes; either naming a setting the planner chooses is refused."""
+    settings a ``--config`` file changes; either naming a setting the planner chooses is refused."""
     from zhnlp.planning import search
 
     clash = sorted(k for k in (given or {}) if k in CHOSEN)

@@ -105,9 +105,9 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def layouts(arch, gpus: int, *, gpus_per_node: int, precision: str, global_batch: int, fsdp: bool = True):
-    """Every (layout, micro-batch) the model and the batch admit on ``gpus`` devices; with ``fsdp`` (default) also
-    the fully sharded ones (``--fsdp``: not with expert parallelism or fp16, as zhnlp.training.fsdp refuses)."""
+def layouts(arch, gpus: int, *, gpus_per_node: int, precision: str, global_batch: int):
+    """Every (layout, micro-batch) the model and the batch admit on ``gpus`` devices, fully sharded ones included
+    (``--fsdp``: not with expert parallelism or fp16, as zhnlp.training.fsdp refuses)."""
     moe = bool(getattr(arch, "is_moe", False))
     heads = arch.num_attention_heads
     kv = getattr(arch, "num_key_value_heads", heads)
@@ -130,7 +130,7 @@ def layouts(arch, gpus: int, *, gpus_per_node: int, precision: str, global_batch
                 for (ep, etp), recompute, sharding in itertools.product(
                         expert_options, (None, "selective", "full"), ("ddp", "distopt", "fsdp")):
                     if sharding != "ddp" and dp == 1 or sharding == "fsdp" and (
-                            not fsdp or ep > 1 or precision == "fp16"):  # what zhnlp.training.fsdp refuses
+                            ep > 1 or precision == "fp16"):  # what zhnlp.training.fsdp refuses
                         continue
                     layout = Layout(world=gpus, tp=tp, pp=pp, vpp=vpp, ep=ep, etp=etp if etp != tp else None,
                                     sequence_parallel=tp > 1, distributed_optimizer=sharding == "distopt",

@@ -100,7 +100,7 @@ def _run(args) -> int:
         from zhnlp.planning.auto import choose_layout, describe
 
         world = int(os.environ.get("WORLD_SIZE", "1"))
-        best = choose_layout(cfg, world, run_flags(args), _layout_set_in_config_file(args))
+        best = choose_layout(cfg, world, run_flags(args), _changed_in_config_file(args))
         if int(os.environ.get("RANK", "0")) == 0:
             import logging
 
@@ -120,15 +120,14 @@ def _run(args) -> int:
     return 0
 
 
-def _layout_set_in_config_file(args) -> dict:
-    """The layout settings a ``--config`` file changes from its recipe's values (``{name: value}``), which
-    ``--parallel auto`` would otherwise silently replace. A file written by ``--print-config`` repeats every
-    setting; those equal to the recipe's are not a choice and pass."""
+def _changed_in_config_file(args) -> dict:
+    """The settings a ``--config`` file changes from its recipe's values (``{name: value}``; ``--parallel auto``
+    refuses the layout ones rather than silently replace them). A file written by ``--print-config`` repeats every
+    setting; those equal to the recipe's are not a change."""
     path = getattr(args, "config", None)
     if not path:
         return {}
     from zhnlp import configargs
-    from zhnlp.planning.auto import CHOSEN
     from zhnlp.training.config import RunConfig
 
     data = configargs.read_config_file(path)
@@ -136,7 +135,7 @@ def _layout_set_in_config_file(args) -> dict:
     data.pop("model", None), data.pop("recipe", None)
     given = configargs.flatten(data, RunConfig.SECTIONS)
     defaults = configargs.flatten(dataclasses.asdict(base), RunConfig.SECTIONS)
-    return {k: v for k, v in given.items() if k in CHOSEN and v != defaults.get(k)}
+    return {k: v for k, v in given.items() if v != defaults.get(k)}
 
 
 @contextlib.contextmanager
