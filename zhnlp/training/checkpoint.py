@@ -22,15 +22,15 @@ decides, every rank follows) takes the newest checkpoint without a problem, sayi
 ones it passed over and why; when every one is damaged it stops with a CheckpointError instead
 of quietly starting from step 0.
 
-The distributed optimizer's state does not go through dist_checkpointing (in megatron-core
-0.16 that path asserts or drifts without apex/TransformerEngine). Its main parameters and Adam
-moments are gathered to the first data-parallel rank with the optimizer's own
-``get_parameter_state_dp_zero`` and written per model-parallel rank
-(``distopt/mp_rank_TT_PPP.pt``, read back with ``torch.load(weights_only=True)``); they resume
-together with the optimizer's common state (param groups with Adam's step count, the loss
-scaler); they resume exactly under the same layout. Under another layout the model resumes and
-the optimizer state restarts, with a message (megatron's reshardable route needs its
-dist_checkpointing path); exact resume and resharding hold for the plain optimizer.
+The distributed optimizer's state is stored in model space, in the same dist_checkpointing directory: per
+parameter its fp32 main copy and Adam moments at the parameter's shape, under the parameter's own sharding
+(megatron's "fully reshardable" layout, written by our own code: megatron 0.16's cuts the gathered buffers at
+offsets that ignore the padding between buckets), with the optimizers' common state (param groups with Adam's
+step, loss scaler). So it resumes exactly under any other DP, TP, PP or EP layout (tested DP=2 -> 1, TP=2 -> DP=2,
+PP=2 -> 1, TP=2 -> PP=2, EP=2 -> 1). Saving costs each data-parallel rank the full model-space state of its
+model-parallel part for a moment (one sum over the data-parallel group completes it). Checkpoints written before
+this format (``distopt/mp_rank_TT_PPP.pt``, the dp-zero gather) still resume, in their own layout only. The
+optimizer state restarts, with a message, when the run switches between the plain and the distributed optimizer.
 
 Under ``--fsdp`` the model and optimizer state are written in the same format, each tensor cut to the
 rows this rank's FSDP shard holds (:mod:`zhnlp.training.fsdp`): they resume exactly and reshard like the
@@ -181,7 +181,7 @@ def problem(path: Path) -> str | None:
         return f"trainer.json has no valid layout ({info['layout']!r})"
     needed = [f"rng/rank_{r:05d}.safetensors" for r in range(tp * pp * dp)] + ["model/metadata.json",
                                                                               "model/.metadata"]
-    if info["distributed_optimizer"]:
+    if info["distributed_optimizer"] and info.get("optimizer_format") != DISTOPT_FORMAT:  # the legacy format
         needed += [f"distopt/mp_rank_{t:02d}_{p:03d}.pt" for t in range(tp) for p in range(pp)]
     for rel in needed:
         if not (path / rel).is_file():
@@ -258,6 +258,11 @@ def resume(trainer) -> Path | None:
     return Path(found)
 
 
+# The distributed optimizer's state in model space (megatron's "fully reshardable" layout): per parameter its main
+# parameter and Adam moments as tensors of the parameter's shape, stored under the parameter's own sharding, so that
+# any DP/TP/PP (and EP) layout can load them; a chained optimizer's (MoE) keys are the same. Each rank loads every
+# parameter of its own and megatron's ``load_parameter_state_from_fully_reshardable`` keeps this rank's slice.
+DISTOPT_FORMAT = "model_space"
 def _sharded_state(trainer, with_optimizer: bool, loading: bool = False):
     # the chunks inside megatron's DDP wrappers: their keys carry no "module." prefix
     if trainer.cfg.parallel.fsdp:  # the same format, each tensor cut to this rank's FSDP rows
@@ -268,10 +273,93 @@ def _sharded_state(trainer, with_optimizer: bool, loading: bool = False):
     if with_optimizer:
         # when loading, the optimizer first creates its (empty) state so that there is a slot per tensor
         with fsdp.stable_local_tensors() if trainer.cfg.parallel.fsdp else contextlib.nullcontext():
-            state["optimizer"] = trainer.optimizer.sharded_state_dict(model, is_loading=loading)
+            if trainer.cfg.optimizer.distributed_optimizer:
+                # the common state is the saving layout's (as the first rank has it): a layout may chain another
+                # number of optimizers (MoE: experts apart from the rest, or not), and the tensors go by their keys
+                inner = _inner(trainer.optimizer)
+                state["optimizer"] = {"common": [opt.state_dict() for opt in inner] if not loading else None,
+                                      "params": {i: _model_space_state(opt, model, loading)
+                                                 for i, opt in enumerate(inner)}}
+            else:
+                state["optimizer"] = trainer.optimizer.sharded_state_dict(model, is_loading=loading)
     if trainer.cfg.parallel.fsdp:
         trainer.fsdp_reshaped = fsdp.unprepend(state)  # the shapes to restore after a load
     return state
+
+
+def _model_space_state(opt, model_state: dict, loading: bool = False) -> dict:
+    """One distributed optimizer's parameter state in model space (for ``loading``: the same entries, empty): per
+    parameter, by its index in the order megatron's loader expects (buffer by buffer, as ``param_index_map`` lists
+    them), the main parameter and moments at the parameter's shape, each as a copy of the parameter's own sharded
+    tensor (same sharding and replica id: the main replica writes it).
+
+    Each data-parallel rank fills the rows it owns into flat zero buffers that one sum over the data-parallel
+    group completes (the ranks' ranges partition every parameter). megatron 0.16's own save for this layout cuts
+    the gathered buffer by ``param_index_map`` offsets, which do not account for the padding between buckets: a
+    parameter in a bucket of its own (the tied embedding under pipeline parallelism) got another's values."""
+    from collections import ChainMap
+    from dataclasses import replace
+
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    from megatron.core.dist_checkpointing.mapping import ShardedTensorFactory
+    from megatron.core.dist_checkpointing.utils import extract_sharded_tensors_and_factories
+
+    if loading:
+        _allocate_state(opt)  # its common state must exist to be loaded into
+    sharded, _ = extract_sharded_tensors_and_factories(model_state)
+    meta = {id(t.data): t for t in nested_values(sharded)}
+    owned = ChainMap(*(bucket["param_map"] for maps in opt.gbuf_ranges for buckets in maps.values()
+                       for bucket in buckets))
+    params = [p for buffer in opt.buffers for p in buffer.param_index_map]
+    keys = ("param", "exp_avg", "exp_avg_sq")
+    offsets = [0]
+    for p in params:
+        offsets.append(offsets[-1] + p.numel())
+    flat = {k: (torch.empty if loading else torch.zeros)(offsets[-1], dtype=torch.float32) for k in keys}
+    for i, p in enumerate(params if not loading else ()):
+        if p not in owned:
+            continue
+        rows = owned[p]["param"]
+        group, order = opt.model_param_group_index_map[p]
+        main = opt.optimizer.param_groups[group]["params"][order]
+        values = {"param": main.detach(), **{k: opt.optimizer.state[main][k] for k in keys[1:]}}
+        for k in keys:
+            flat[k][offsets[i] + rows.start:offsets[i] + rows.end] = values[k].view(-1).float()
+    dp_group = getattr(opt, "data_parallel_group_gloo", None) or opt.data_parallel_group
+    for k in keys if not loading else ():  # CPU tensors: over gloo where megatron made one (a GPU run's is NCCL)
+        dist.all_reduce(flat[k], group=dp_group)
+    param_state = {}
+    for i, p in enumerate(params):
+        if id(p) not in meta:
+            raise CheckpointError(f"a parameter of shape {tuple(p.shape)} is missing from the model's checkpoint "
+                                  "view; its optimizer state cannot be saved or loaded.")
+        m = meta[id(p)]
+        param_state[i] = {}
+        for k in keys:
+            data = flat[k][offsets[i]:offsets[i + 1]].view(p.shape)
+            extra = {} if isinstance(m, ShardedTensorFactory) else {"dtype": data.dtype}
+            param_state[i][k] = replace(m, key=f"optimizer.state.{k}.{m.key}", data=data, **extra)
+    return param_state
+
+
+def _allocate_state(opt) -> None:
+    """Give a distributed optimizer that has not stepped yet its Adam state (megatron's ``state_dict`` and
+    ``sharded_state_dict`` read Adam's step count from it): megatron's ``load_state_dict`` allocates it when
+    handed the optimizer's own param groups at step 0; loading overwrites it."""
+    if len(opt.optimizer.state):
+        return
+    groups = [{k: v for k, v in g.items() if k != "params"} | {"step": 0}
+              for g in opt.optimizer.state_dict()["param_groups"]]
+    opt.load_state_dict({"optimizer": {"param_groups": groups}})
+    _own_steps(opt)
+
+
+def _own_steps(opt) -> None:
+    """megatron's ``load_state_dict`` gives every parameter the same ``step`` tensor; torch's Adam increments it in
+    place per parameter, so each parameter needs its own."""
+    for s in opt.optimizer.state.values():
+        if "step" in s:
+            s["step"] = s["step"].detach().clone()
 
 
 def _module_state(module):
@@ -284,20 +372,38 @@ def _inner(optimizer) -> list:
     return list(getattr(optimizer, "chained_optimizers", [optimizer]))
 
 
-def _load_distributed_optimizer(opt, state: dict | None, common: dict) -> None:
-    """Restore one distributed optimizer: param groups, loss scaler and Adam's step count from
-    ``common``; main parameters and moments from ``state`` (the dp-zero gather; None off the first
-    data-parallel rank, which scatters it).
+def _load_distributed_optimizer(opt, state: dict | None, common: dict, param_state_format: str = "dp_zero") -> None:
+    """Restore one distributed optimizer: param groups, loss scaler and Adam's step count from ``common``;
+    main parameters and moments from ``state``: megatron's model-space tensors (``param_state_format``
+    "model_space", every rank) or the legacy dp-zero gather (None off the first data-parallel rank, which
+    scatters it).
 
-    megatron's ``load_state_dict`` allocates the Adam state (zeros) and gives every parameter the
-    same ``step`` tensor object, while ``load_parameter_state_from_dp_zero`` copies exactly the keys
-    the state holds and has no ``step``. So: allocate, set ``step`` aside, copy the tensors, and
-    give each parameter its own ``step`` (torch's Adam increments it in place per parameter)."""
+    megatron's ``load_state_dict`` allocates the Adam state and gives every parameter the same ``step`` tensor
+    object, while its parameter-state loaders copy exactly the keys the state holds and have no ``step``. So:
+    allocate, set ``step`` aside, copy the tensors, and give each parameter its own ``step``."""
     opt.load_state_dict(common)
     steps = {p: s.pop("step") for p, s in opt.optimizer.state.items() if "step" in s}
-    opt.load_parameter_state_from_dp_zero(state)
+    if param_state_format == DISTOPT_FORMAT:
+        opt.load_parameter_state_from_fully_reshardable(state)
+    else:
+        opt.load_parameter_state_from_dp_zero(state)
     for p, step in steps.items():
-        opt.optimizer.state[p]["step"] = step.detach().clone()
+        opt.optimizer.state[p]["step"] = step
+    _own_steps(opt)
+
+
+def _load_model_space_optimizer(optimizer, loaded: dict) -> None:
+    """Restore the distributed optimizer(s) from what dist_checkpointing loaded into :func:`_sharded_state`'s
+    entries: each inner optimizer's parameters from its own entries; param groups (matched by megatron on their
+    weight-decay, learning-rate and expert flags), Adam's step and the loss scaler from the saving layout's."""
+    commons = loaded["common"]
+    common = {"optimizer": {**commons[0]["optimizer"],
+                            "param_groups": [g for c in commons for g in c["optimizer"]["param_groups"]]}}
+    if "grad_scaler" in commons[0]:
+        common["grad_scaler"] = commons[0]["grad_scaler"]
+    with torch.no_grad():  # it copies into the fp32 main parameters, which require grad
+        for i, opt in enumerate(_inner(optimizer)):
+            _load_distributed_optimizer(opt, loaded["params"][i], common, DISTOPT_FORMAT)
 
 
 def _rng_state() -> dict:
@@ -341,23 +447,17 @@ def save(trainer, keep: int = 3) -> Path:
     distributed.barrier()
     distopt = trainer.cfg.optimizer.distributed_optimizer
     with cpu.device_mode():
-        dist_checkpointing.save(_sharded_state(trainer, with_optimizer=not distopt), str(work / "model"),
+        dist_checkpointing.save(_sharded_state(trainer, with_optimizer=True), str(work / "model"),
                                 sharded_strategy=_save_strategy())
-        if distopt:
-            # per inner optimizer: the parameter state (main params, moments) gathered to the first
-            # data-parallel rank, plus the common state (param groups with Adam's step count, loss scaler)
-            states = [{"params": opt.get_parameter_state_dp_zero(), "common": opt.state_dict()}
-                      for opt in _inner(trainer.optimizer)]
-            if lay.dp_rank == 0:
-                (work / "distopt").mkdir(exist_ok=True)
-                torch.save(states, work / "distopt" / f"mp_rank_{lay.tp_rank:02d}_{lay.pp_rank:03d}.pt")
-    save_file({k: v.contiguous() for k, v in _rng_state().items()}, str(work / "rng" / f"rank_{dist.get_rank():05d}.safetensors"))
+    save_file({k: v.contiguous() for k, v in _rng_state().items()},
+              str(work / "rng" / f"rank_{dist.get_rank():05d}.safetensors"))
     if dist.get_rank() == 0:
         info = {"step": trainer.step, "consumed_samples": trainer.step * trainer.cfg.data.global_batch_size,
                 "scheduler": trainer.scheduler.state_dict(), "layout": {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp,
                                                                          "vpp": lay.vpp, "ep": lay.ep, "etp": lay.etp,
                                                                          "fsdp": trainer.cfg.parallel.fsdp},
-                "distributed_optimizer": distopt, "recipe": trainer.cfg.recipe, "model": trainer.cfg.model,
+                "distributed_optimizer": distopt, "optimizer_format": DISTOPT_FORMAT if distopt else "plain",
+                "recipe": trainer.cfg.recipe, "model": trainer.cfg.model,
                 "tokenizer": trainer.tokenizer_name}
         extra = getattr(trainer, "checkpoint_state", None)
         if extra is not None:  # the caller's own state (fine-tuning: evaluations, best model, callbacks)
@@ -437,7 +537,22 @@ def load(trainer, path: Path) -> None:
     same_layout = same_experts and (saved["tp"], saved["pp"], saved["dp"], saved["vpp"]) == (lay.tp, lay.pp, lay.dp,
                                                                                              lay.vpp)
     distopt = info["distributed_optimizer"]
-    with_optimizer = not distopt and not trainer.cfg.optimizer.distributed_optimizer and same_experts
+    # how the optimizer state comes back: "plain" and "model_space" (the distributed optimizer's since the
+    # model-space format) reshard like the model; the legacy distributed format only under the same layout
+    if distopt != trainer.cfg.optimizer.distributed_optimizer:
+        restore, why = None, f"saved {'with' if distopt else 'without'} the distributed optimizer, resumed " \
+                             f"{'without' if distopt else 'with'} it"
+    elif distopt and info.get("optimizer_format") == DISTOPT_FORMAT:
+        restore, why = DISTOPT_FORMAT, None
+    elif distopt:
+        restore = "legacy" if same_layout else None
+        why = f"distributed-optimizer state in the older per-rank format, saved at tp={saved['tp']} pp={saved['pp']} " \
+              f"dp={saved['dp']}, restores only in that layout"
+    else:
+        restore = "plain" if same_experts else None
+        why = f"saved at ep={saved.get('ep', 1)} etp={saved.get('etp', saved['tp'])}: the experts' optimizer " \
+              "state restores only at the same ep and etp without the distributed optimizer"
+    with_optimizer = restore in ("plain", DISTOPT_FORMAT)
     with cpu.device_mode():
         with unreadable_as_checkpoint_error(path):
             state = dist_checkpointing.load(_sharded_state(trainer, with_optimizer, loading=True), str(path / "model"))
@@ -448,11 +563,13 @@ def load(trainer, path: Path) -> None:
                 fsdp.load_into(chunk.module, state[f"model{i}"])
             else:
                 chunk.module.load_state_dict(state[f"model{i}"])
-        if with_optimizer:
+        if restore == "plain":
             trainer.optimizer.load_state_dict(state["optimizer"])
             if trainer.cfg.parallel.fsdp:
                 fsdp.optimizer_state_to_dtensors(trainer.optimizer)
-        elif distopt and trainer.cfg.optimizer.distributed_optimizer and same_layout:
+        elif restore == DISTOPT_FORMAT:
+            _load_model_space_optimizer(trainer.optimizer, state["optimizer"])
+        elif restore == "legacy":
             file = path / "distopt" / f"mp_rank_{lay.tp_rank:02d}_{lay.pp_rank:03d}.pt"
             # every rank needs the common state; only the first data-parallel rank the parameter state
             with unreadable_as_checkpoint_error(path):
@@ -462,12 +579,9 @@ def load(trainer, path: Path) -> None:
             with torch.no_grad():  # it copies into the fp32 main parameters, which require grad
                 for state, opt in zip(states, _inner(trainer.optimizer)):
                     _load_distributed_optimizer(opt, state["params"] if lay.dp_rank == 0 else None, state["common"])
-        else:
-            if dist.get_rank() == 0:
-                logger.warning(f"{path} holds {'distributed-' if distopt else ''}optimizer state that cannot be "
-                               f"restored in this layout (saved tp={saved['tp']} pp={saved['pp']} dp={saved['dp']}"
-                               f"{'' if same_experts else ' ep=' + str(saved.get('ep', 1))}); "
-                               "the model resumes, the optimizer starts fresh.")
+        elif dist.get_rank() == 0:
+            logger.warning(f"{path}: the optimizer state cannot be restored ({why}); the model resumes, the "
+                           "optimizer starts fresh.")
     trainer.scheduler.load_state_dict(info["scheduler"])
     trainer.step = info["step"]
     trainer.resumed_state = info.get("state")  # what checkpoint_state() returned when it was saved
