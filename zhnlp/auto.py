@@ -27,7 +27,8 @@ class _Auto:
                         token: str | bool | None = None, dtype: str | torch.dtype | None = None,
                         torch_dtype: str | torch.dtype | None = None, device=None, device_map=None,
                         ignore_mismatched_sizes: bool = False, trust_remote_code: bool = False,
-                        sequence_parallel: bool = False, seed: int = 1234, **config_overrides) -> PretrainedModel:
+                        sequence_parallel: bool = False, seed: int = 1234, compile: bool = False,
+                        **config_overrides) -> PretrainedModel:
         """Load a model for the current parallel layout (a world of one if none was set up).
 
         The arguments are transformers' where transformers has them.
@@ -53,6 +54,8 @@ class _Auto:
             trust_remote_code: refused when True: zhnlp never runs code from a checkpoint.
             sequence_parallel: split activations along the sequence under tensor parallelism.
             seed: seeds the initialisation of head weights the checkpoint lacks.
+            compile: ``torch.compile`` the transformer layers (compiled mode, :mod:`zhnlp.models.common.compiled`):
+                the first call of each shape and mode (inference, training) compiles; later calls are faster.
             config_overrides: config.json fields to change, e.g. ``num_labels=3`` for a new head.
         """
         from zhnlp.configuration import as_family_config
@@ -80,14 +83,15 @@ class _Auto:
                                                 ignore_mismatched_sizes=ignore_mismatched_sizes,
                                                 **_run_options(params_dtype, sequence_parallel))
         model.name_or_path = os.fspath(name_or_path)
-        return model
+        return _compiled(model) if compile else model
 
     @classmethod
     def from_config(cls, config, *, dtype=None, torch_dtype=None, sequence_parallel: bool = False,
-                    seed: int = 1234) -> PretrainedModel:
+                    seed: int = 1234, compile: bool = False) -> PretrainedModel:
         """A randomly initialised model (transformers' initialisation) from an architecture config:
         a family config object (``zhnlp.AutoConfig``), a config.json dict, a transformers config, or a model
-        name (its card's config). ``dtype``: as for from_pretrained; ``"auto"`` or None means float32 here."""
+        name (its card's config). ``dtype``: as for from_pretrained; ``"auto"`` or None means float32 here;
+        ``compile``: as for from_pretrained."""
         from zhnlp import cards
         from zhnlp.configuration import as_family_config
         from zhnlp.models.common import loading
@@ -101,7 +105,14 @@ class _Auto:
         model = PretrainedModel.from_config(family, config, cls.head, seed=seed,
                                             **_run_options(params_dtype, sequence_parallel))
         model.name_or_path = ""
-        return model
+        return _compiled(model) if compile else model
+
+
+def _compiled(model: PretrainedModel) -> PretrainedModel:
+    from zhnlp.models.common.compiled import compile_layers
+
+    compile_layers(model)
+    return model
 
 
 def _first_weight_dtype(directory) -> torch.dtype | None:

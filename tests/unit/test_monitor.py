@@ -159,3 +159,41 @@ def test_plot_draws_a_fine_tuning_runs_dev_scores(tmp_path):
     (tmp_path / "metrics.json").write_text('{"epochs": [')
     with pytest.raises(MetricsError, match="metrics.json is not valid JSON"):
         plot_run(tmp_path)
+
+
+def test_plot_stacks_the_time_per_step(tmp_path):
+    from zhnlp.training.monitor import time_parts
+
+    def timed(step, **parts):  # a TP run: no pipeline or expert parallelism, a checkpoint every 5 steps
+        times = {"compute_s": 0.1, "tp_comm_s": 0.05, "pp_comm_s": 0.0, "pp_bubble_s": 0.0, "ep_comm_s": 0.0,
+                 "grad_sync_s": 0.02, "optimizer_s": 0.01, "other_s": -1e-6, "data_wait_s": 0.001,
+                 "checkpoint_s": 0.5 if step % 5 == 0 else 0.0, **parts}
+        return metrics(step, step_time_s=0.18, **times)
+
+    with Monitor(tmp_path, total_steps=10, tensorboard=False, progress=False) as mon:
+        for step in range(1, 11):
+            mon.log(timed(step))
+        mon.log(timed(10, compute_s=0.3))  # a resumed run logs step 10 again: the latest record counts
+    steps, parts = time_parts(read_metrics_file(tmp_path))
+    assert steps == list(range(1, 11))
+    assert list(parts) == ["compute", "TP comm", "DP grad sync", "optimizer", "data wait", "checkpoint"]
+    assert parts["compute"][-1] == 0.3 and parts["checkpoint"][4] == 0.5 and parts["checkpoint"][3] == 0.0
+    assert time_parts([metrics(1), metrics(2)]) == ([], {})  # logged without the parts: no panel
+    stacked = png_size(plot_run(tmp_path, output=tmp_path / "stacked.png"))
+    (tmp_path / "plain").mkdir()
+    with Monitor(tmp_path / "plain", total_steps=10, tensorboard=False, progress=False) as mon:
+        for step in range(1, 11):
+            mon.log(metrics(step))
+    plain = png_size(plot_run(tmp_path / "plain"))
+    assert stacked[0] == plain[0] and stacked[1] > plain[1]  # a panel below the loss and learning rate
+    many = tmp_path / "many"
+    with Monitor(many, total_steps=100, tensorboard=False, progress=False) as mon:
+        for step in range(1, 101):
+            mon.log(timed(step))
+    assert png_size(plot_run(many)) == stacked  # many steps: a stacked area instead of bars, the same layout
+
+
+def read_metrics_file(run_dir):
+    from zhnlp.training.monitor import read_metrics
+
+    return read_metrics(run_dir / "metrics.jsonl")

@@ -152,6 +152,9 @@ class RunConfig:
                         choices=("fp32", "bf16", "fp16"))
     recompute: str | None = _f(None, "activation recompute: none, selective (attention) or full (whole layers)",
                                check=_recompute, metavar="{none,selective,full}")
+    compile: bool = _f(False, "torch.compile the transformer layers (norms, activations, bias and residual adds "
+                              "fused; on a CPU their linears through oneDNN); the first steps include the compile "
+                              "time (see zhnlp/models/common/compiled.py for what stays outside the graphs)")
     output: str = _f("runs/pretrain", "run directory (default runs/RECIPE); must be new or empty unless "
                                       "--resume or --overwrite")
 
@@ -230,6 +233,9 @@ class RunConfig:
         if p.overlap_grad_reduce and p.fsdp:
             problems.append("--fsdp reduce-scatters each layer's gradients during the backward already; drop "
                             "--overlap-grad-reduce")
+        if self.compile and p.fsdp:
+            problems.append("--compile with --fsdp: FSDP2's per-layer hooks would be traced into the compiled layers; "
+                            "drop one of them")
         if p.sequence_parallel and d.seq_length % p.tp:
             problems.append(f"seq_length {d.seq_length} is not divisible by tp={p.tp} (sequence parallelism)")
         if self.precision not in ("fp32", "bf16", "fp16"):

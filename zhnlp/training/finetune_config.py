@@ -87,6 +87,8 @@ class FinetuneConfig:
     ep: int = _f(1, "expert-parallel size (mixture-of-experts models)", check=positive)
     moe_aux_loss_coeff: float = _f(0.0, "weight of the router's load-balancing loss (mixture-of-experts models)",
                                    check=number(0))
+    compile: bool = _f(False, "torch.compile the transformer layers for training and evaluation (see zhnlp "
+                              "pretrain --help); the first steps include the compile time")
     log_interval: int = _f(10, "steps between training log lines", check=positive)
     oracle: bool = _f(False, "mrc: score the gold positions through windowing and span decoding (no training)")
     # ---- evaluation, best model, early stopping, checkpoints (transformers' TrainingArguments names)

@@ -48,7 +48,7 @@ def _run_config(cfg: FinetuneConfig, arch: dict, world_size: int, steps: int, pe
     micro = cfg.micro_batch_size or max(cfg.batch_size // dp, 1)
     return RunConfig(
         recipe=f"finetune-{cfg.task}", model=arch, steps=steps, seed=cfg.seed, precision=cfg.precision,
-        output=cfg.output, parallel=ParallelConfig(tp=cfg.tp, pp=cfg.pp, ep=cfg.ep),
+        compile=cfg.compile, output=cfg.output, parallel=ParallelConfig(tp=cfg.tp, pp=cfg.pp, ep=cfg.ep),
         moe=MoEConfig(moe_aux_loss_coeff=cfg.moe_aux_loss_coeff),
         optimizer=OptimizerConfig(lr=cfg.lr, min_lr=0.0, warmup_steps=int(cfg.warmup_ratio * steps),
                                   decay_style="linear", weight_decay=cfg.weight_decay),
@@ -236,7 +236,7 @@ def run_finetune(task: Task, cfg: FinetuneConfig, run_dir, sources: dict, comput
                                     control.should_stop)
             if save_now:
                 control.should_save = False
-                path = checkpoint.save(trainer, keep=cfg.save_total_limit)
+                path = trainer.save(keep=cfg.save_total_limit)  # timed: checkpoint_s
                 handler("on_save", checkpoint=path)
             return stop
 
@@ -255,6 +255,10 @@ def run_finetune(task: Task, cfg: FinetuneConfig, run_dir, sources: dict, comput
             best_config = family.config_class.from_json_file(best_dir / "config.json")
             final = PretrainedModel.from_checkpoint(family, best_config, task.head, best_dir,
                                                     **run_options(trainer.cfg))
+            if cfg.compile:
+                from zhnlp.models.common.compiled import compile_layers
+
+                compile_layers(final)
             result["test"], predictions = _evaluate(task, cfg, final, test, labels, compute_metrics, "test", pad_id)
             result["test"] = _json_safe(result["test"])
             if rank0 and predictions is not None:

@@ -10,7 +10,8 @@
 
 Only the logging rank should log; every other rank builds ``Monitor(..., enabled=False)``, whose
 methods do nothing. :func:`plot_run` draws the loss and learning-rate curves of a finished (or
-running) run from its ``metrics.jsonl``; ``zhnlp plot RUN_DIR`` is its command.
+running) run from its ``metrics.jsonl``, and where the trainer logged it, its time per step stacked
+by part (:data:`TIME_PARTS`); ``zhnlp plot RUN_DIR`` is its command.
 """
 
 from __future__ import annotations
@@ -28,6 +29,11 @@ from zhnlp.errors import ZhnlpError
 METRICS_FILE = "metrics.jsonl"
 TENSORBOARD_DIR = "tensorboard"
 CURVES_FILE = "curves.png"
+# a step's time in parts (the trainer's metrics; see README, "Monitoring"): the first seven and other_s add up to
+# step_time_s; the data wait comes before the step and the checkpoint after it
+TIME_PARTS = {"compute_s": "compute", "tp_comm_s": "TP comm", "pp_comm_s": "PP comm", "pp_bubble_s": "PP bubble",
+              "ep_comm_s": "EP comm", "grad_sync_s": "DP grad sync", "optimizer_s": "optimizer",
+              "other_s": "other", "data_wait_s": "data wait", "checkpoint_s": "checkpoint"}
 
 
 class MetricsError(ZhnlpError, ValueError):
@@ -100,7 +106,14 @@ class Monitor:
             return None
         # On resume, purge_step hides events at or after the resumed step left by the earlier run.
         purge = self.start_step + 1 if self.start_step > 0 else None
-        return SummaryWriter(log_dir=str(self.output_dir / TENSORBOARD_DIR), purge_step=purge)
+        writer = SummaryWriter(log_dir=str(self.output_dir / TENSORBOARD_DIR), purge_step=purge)
+        # the Custom Scalars tab: the step's time parts in one chart, communication bytes and bandwidth in two
+        kinds = ("tp", "pp", "dp", "ep")
+        writer.add_custom_scalars({"step time": {
+            "parts (s)": ["Multiline", [f"train/{k}" for k in ("step_time_s", *TIME_PARTS)]],
+            "communication bytes": ["Multiline", [f"train/{k}_bytes" for k in kinds]],
+            "bandwidth (bytes/s)": ["Multiline", [f"train/{k}_bytes_per_s" for k in kinds]]}})
+        return writer
 
     # ------------------------------------------------------------------------------ logging
     def log(self, metrics: dict) -> None:
@@ -195,15 +208,48 @@ def read_metrics(path: str | Path) -> list[dict]:
     return records
 
 
+def _finite(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+
+
 def _series(records: list[dict], key: str) -> tuple[list[float], list[float]]:
     """(steps, values) of one key; a step logged twice (a resumed run) keeps its latest value."""
     by_step: dict[float, float] = {}
     for r in records:
         value = r.get(key)
-        if isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value):
+        if _finite(value):
             by_step[r["step"]] = float(value)
     steps = sorted(by_step)
     return steps, [by_step[s] for s in steps]
+
+
+def time_parts(records: list[dict]) -> tuple[list[float], dict[str, list[float]]]:
+    """(steps, label -> seconds per step) of the :data:`TIME_PARTS` in the records that have ``step_time_s`` (a
+    step logged twice keeps its latest record; a missing or negative part counts 0), leaving out the parts that
+    are 0 throughout (e.g. ``tp_comm_s`` without tensor parallelism). Empty for a run logged without them."""
+    by_step = {r["step"]: r for r in records if _finite(r.get("step_time_s"))}
+    steps = sorted(by_step)
+    parts = {}
+    for key, label in TIME_PARTS.items():
+        values = [max(0.0, float(v)) if _finite(v := by_step[s].get(key)) else 0.0 for s in steps]
+        if any(values):
+            parts[label] = values
+    return steps, parts
+
+
+def _stacked(ax, steps: list[float], parts: dict[str, list[float]]) -> None:
+    """The step-time parts stacked per step: bars for a few steps, a stacked area for many."""
+    if len(steps) > 40:
+        ax.stackplot(steps, *parts.values(), labels=list(parts), linewidth=0)
+    else:
+        width = 0.8 * min((b - a for a, b in zip(steps, steps[1:])), default=1.0)
+        bottom = [0.0] * len(steps)
+        for label, values in parts.items():
+            ax.bar(steps, values, width=width, bottom=bottom, label=label)
+            bottom = [b + v for b, v in zip(bottom, values)]
+    ax.set_ylabel("time per step (s)")
+    ax.legend(loc="upper left", bbox_to_anchor=(1.0, 1.0), fontsize="small")
+    ax.grid(True, alpha=0.3)
 
 
 def _smooth(values: list[float], window: int) -> list[float]:
@@ -248,8 +294,9 @@ def read_dev_scores(run_dir: str | Path) -> dict[str, tuple[list[float], list[fl
 def plot_run(run_dir: str | Path, output: str | Path | None = None) -> Path:
     """Draw the loss and learning-rate curves of ``run_dir/metrics.jsonl`` into a PNG; returns its path.
 
-    A fine-tuning run's dev scores (its ``metrics.json``) get a third panel. ``run_dir`` may also be the
-    metrics file itself. The default output is ``curves.png`` beside it.
+    A fine-tuning run's dev scores (its ``metrics.json``) get a panel below, and the time per step stacked by
+    part (:func:`time_parts`: compute, communication, gradient sync, optimizer, data wait, checkpoint) the last
+    one. ``run_dir`` may also be the metrics file itself. The default output is ``curves.png`` beside it.
     """
     run_dir = Path(run_dir)
     metrics = run_dir if run_dir.is_file() else run_dir / METRICS_FILE
@@ -266,12 +313,12 @@ def plot_run(run_dir: str | Path, output: str | Path | None = None) -> Path:
 
     # A Figure with its own Agg canvas: no pyplot, so no global backend switch in the caller's process.
     dev = read_dev_scores(metrics.parent)
-    fig = Figure(figsize=(8, 8.5 if dev else 6), layout="constrained")
+    time_steps, parts = time_parts(records)
+    ratios = [2, 1] + [1.5] * (bool(dev) + bool(parts))
+    fig = Figure(figsize=(8, 6 + 2.5 * (len(ratios) - 2)), layout="constrained")
     FigureCanvasAgg(fig)
-    if dev:
-        ax_loss, ax_lr, ax_dev = fig.subplots(3, 1, sharex=True, height_ratios=[2, 1, 1.5])
-    else:
-        ax_loss, ax_lr = fig.subplots(2, 1, sharex=True, height_ratios=[2, 1])
+    axes = list(fig.subplots(len(ratios), 1, sharex=True, height_ratios=ratios))
+    ax_loss, ax_lr = axes[:2]
     name = metrics.parent.name or str(metrics.parent)
     fig.suptitle(f"{name}: {len(records)} logged steps")
     if loss:
@@ -295,12 +342,15 @@ def plot_run(run_dir: str | Path, output: str | Path | None = None) -> Path:
     ax_lr.set_ylabel("learning rate")
     ax_lr.grid(True, alpha=0.3)
     if dev:
+        ax_dev = axes[2]
         for name, (steps, values) in sorted(dev.items()):
             ax_dev.plot(steps, values, marker="o", linewidth=1.5, label=name)
         ax_dev.set_ylabel("dev score")
         ax_dev.legend(loc="lower right")
         ax_dev.grid(True, alpha=0.3)
-    (ax_dev if dev else ax_lr).set_xlabel("step")
+    if parts:
+        _stacked(axes[-1], time_steps, parts)
+    axes[-1].set_xlabel("step")
 
     out = Path(output) if output is not None else metrics.parent / CURVES_FILE
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -310,9 +360,13 @@ def plot_run(run_dir: str | Path, output: str | Path | None = None) -> Path:
 
 # ---------------------------------------------------------------------------------- command
 def add_cli(subparsers) -> None:
-    p = subparsers.add_parser("plot", help="draw a run's loss, learning-rate and dev-score curves (PNG)",
+    p = subparsers.add_parser("plot", help="draw a run's loss, learning-rate and dev-score curves and its time per "
+                                           "step (PNG)",
                               description="Read RUN_DIR/metrics.jsonl and draw loss and learning rate against step; "
-                                          "a fine-tuning run's dev scores (RUN_DIR/metrics.json) get a third panel.")
+                                          "a fine-tuning run's dev scores (RUN_DIR/metrics.json) get a panel below, "
+                                          "and the time per step stacked by part (compute, TP/PP/EP communication, "
+                                          "pipeline bubble, gradient sync, optimizer, data wait, checkpoint) the "
+                                          "last one.")
     p.add_argument("run_dir", metavar="DIR", help="run directory holding metrics.jsonl (or the file itself)")
     p.add_argument("-o", "--output", metavar="PNG", help="image path (default: DIR/curves.png)")
     p.set_defaults(func=_plot)

@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from zhnlp import distributed
 from zhnlp.distributed import cpu
+from zhnlp.distributed.meter import CommMeter
 from zhnlp.errors import ZhnlpError
 from zhnlp.planning.timing import decoder_flops, train_flops  # noqa: F401  (decoder_flops: re-exported)
 from zhnlp.training.config import RunConfig
@@ -60,6 +61,9 @@ def forward_step(data_iterator, model):
 masked_lm_step = forward_step  # pretraining's step: the MLM head's loss over the masked tokens
 causal_lm_step = forward_step  # the decoders': the causal-LM loss over every position (labels shifted inside)
 
+
+# the parts of a step the communication meter charges its calls to (zhnlp.distributed.meter)
+FORWARD_BACKWARD, GRAD_SYNC, OPTIMIZER = "forward_backward", "grad_sync", "optimizer"
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}  # --precision -> parameters
 
@@ -163,6 +167,10 @@ class Trainer:
                 raise TypeError("Trainer(model=...) needs batches=step -> micro-batches as well")
             self.model, self.batches = model(run), batches
             self.tokenizer_name = tokenizer_name
+        if cfg.compile:  # torch.compile of the transformer layers, in place (zhnlp.models.common.compiled)
+            from zhnlp.models.common.compiled import compile_layers
+
+            compile_layers(self.model)
         self.config = tconf = self.model.transformer_config
         with cpu.device_mode():
             ddp = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=p.overlap_grad_reduce,
@@ -199,6 +207,8 @@ class Trainer:
 
             tconf.finalize_model_grads_func = finalize
         self._grad_sync_s = 0.0  # this step's time in the gradient reductions after the backward
+        self._checkpoint_s = 0.0  # time saving checkpoints since the last logged step
+        self.comm = CommMeter()  # the step's communication by kind (tp, pp, dp, ep)
         tconf.finalize_model_grads_func = self._timed(tconf.finalize_model_grads_func)
         tconf.no_sync_func = [c.no_sync for c in self.chunks] if len(self.chunks) > 1 else self.chunks[0].no_sync
         if p.overlap_grad_reduce:  # the pipeline schedules start each chunk's reduction after its last backward
@@ -281,45 +291,66 @@ class Trainer:
         seq = micro[0]["input_ids"].shape[1]  # fine-tuning pads each global batch to its longest sample
         start = time.perf_counter()
         self._grad_sync_s = 0.0
-        with cpu.device_mode():
+        with cpu.device_mode(), self.comm.measuring() as comm:
             for c in self.chunks:
                 c.train()
                 c.zero_grad_buffer()
             self.optimizer.zero_grad()
             iters = [iter(micro) for _ in self.chunks] if len(self.chunks) > 1 else iter(micro)
             forward_backward = time.perf_counter()
-            losses = get_forward_backward_func()(
-                forward_step_func=forward_step, data_iterator=iters, model=self.chunks,
-                num_microbatches=len(micro), seq_length=seq, micro_batch_size=d.micro_batch_size,
-                forward_only=False)
+            with comm.during(FORWARD_BACKWARD):
+                losses = get_forward_backward_func()(
+                    forward_step_func=forward_step, data_iterator=iters, model=self.chunks,
+                    num_microbatches=len(micro), seq_length=seq, micro_batch_size=d.micro_batch_size,
+                    forward_only=False)
             optimizer = time.perf_counter()
             forward_backward = optimizer - forward_backward
-            ok, grad_norm, _ = self.optimizer.step()
-            self.scheduler.step(increment=1)
+            with comm.during(OPTIMIZER):
+                ok, grad_norm, _ = self.optimizer.step()
+                self.scheduler.step(increment=1)
             optimizer = time.perf_counter() - optimizer
-        loss = torch.zeros(())
-        if losses and self.config.calculate_per_token_loss:  # (loss sum, targets) over micro-batches and ranks
-            total = torch.stack([x["loss"] for x in losses]).sum(0)
-            dist.all_reduce(total, group=self.dp_group)
-            loss = total[0] / total[1].clamp(min=1)
-        elif losses:  # last pipeline stage: mean over micro-batches, then over data-parallel ranks
-            loss = torch.stack([x["loss"].float() for x in losses]).mean()
-            dist.all_reduce(loss, group=self.dp_group)
-            loss /= self.layout.dp
+            loss = torch.zeros(())
+            if losses and self.config.calculate_per_token_loss:  # (loss sum, targets) over micro-batches and ranks
+                total = torch.stack([x["loss"] for x in losses]).sum(0)
+                dist.all_reduce(total, group=self.dp_group)
+                loss = total[0] / total[1].clamp(min=1)
+            elif losses:  # last pipeline stage: mean over micro-batches, then over data-parallel ranks
+                loss = torch.stack([x["loss"].float() for x in losses]).mean()
+                dist.all_reduce(loss, group=self.dp_group)
+                loss /= self.layout.dp
         elapsed = time.perf_counter() - start
         self.step += 1
         tokens = d.global_batch_size * seq
-        parts = {"compute_s": forward_backward - self._grad_sync_s, "grad_sync_s": self._grad_sync_s,
-                 "optimizer_s": optimizer}
-        parts["other_s"] = elapsed - sum(parts.values())
+        parts = self._parts(forward_backward, optimizer, elapsed)
         return {"step": self.step, "loss": float(loss), "lr": self.optimizer.param_groups[0]["lr"],
                 "grad_norm": float(grad_norm) if grad_norm is not None else None,
                 "loss_scale": float(self.optimizer.get_loss_scale()), "skipped": int(not ok),
                 "tokens_per_s": tokens / elapsed, "mfu": self._flops(tokens, seq) / elapsed / self._peak(),
-                "step_time_s": elapsed, "data_wait_s": waited, **parts, **self._ranks(parts["compute_s"], elapsed),
+                "step_time_s": elapsed, "data_wait_s": waited, **parts, **self.comm.traffic(),
+                **self._ranks(parts["compute_s"], elapsed),
                 "max_memory_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024,
                 **self._peak_tensor_bytes(),
                 **self._model_metrics()}
+
+    def _parts(self, forward_backward: float, optimizer: float, elapsed: float) -> dict:
+        """The step's time in named parts that add up to ``elapsed`` (see README, "Monitoring"): the forward and
+        backward less its communication (``compute_s``), tensor-, pipeline- and expert-parallel communication
+        (``tp_comm_s``, ``pp_comm_s``, and ``pp_bubble_s``: waiting for a neighbouring stage's activations or
+        gradients), the data-parallel communication (``grad_sync_s``: megatron's gradient reductions after the
+        backward, buckets reduced during it, the loss average), ``optimizer_s`` (its own collectives included)
+        and the rest (``other_s``)."""
+        comm = self.comm
+        split = (FORWARD_BACKWARD, None)  # phases whose communication is split out (finalize's and the optimizer's
+        # stay in grad_sync_s and optimizer_s)
+        spent = {kind: sum(comm.time(kind, phase) for phase in split) for kind in ("tp", "dp", "ep")}
+        pp = sum(comm.time("pp", phase, receive_wait=False) for phase in split)
+        bubble = sum(comm.time("pp", phase, receive_wait=True) for phase in split)
+        in_forward_backward = sum(comm.time(kind, FORWARD_BACKWARD) for kind in ("tp", "pp", "dp", "ep"))
+        parts = {"compute_s": forward_backward - self._grad_sync_s - in_forward_backward,
+                 "tp_comm_s": spent["tp"], "pp_comm_s": pp, "pp_bubble_s": bubble,
+                 "ep_comm_s": spent["ep"], "grad_sync_s": self._grad_sync_s + spent["dp"], "optimizer_s": optimizer}
+        parts["other_s"] = elapsed - sum(parts.values())
+        return parts
 
     def _timed(self, finalize):
         """megatron's ``finalize_model_grads`` (the gradient reductions after the backward: data-parallel, or the
@@ -329,7 +360,8 @@ class Trainer:
         def timed(*args, **kwargs):
             start = time.perf_counter()
             try:
-                return finalize(*args, **kwargs)
+                with self.comm.during(GRAD_SYNC):  # its communication is grad_sync_s, whatever the kind
+                    return finalize(*args, **kwargs)
             finally:
                 self._grad_sync_s += time.perf_counter() - start
 
@@ -369,10 +401,11 @@ class Trainer:
         """Train to ``steps`` (default: the config's). On the logging rank: OUTPUT/metrics.jsonl,
         TensorBoard events in OUTPUT/tensorboard and a progress bar with ETA.
 
-        ``after_step(metrics) -> bool`` (collective: every rank calls it after every step, after
-        logging and before the step's checkpoint, so that a checkpoint holds what it did) lets a
-        caller evaluate, save or stop: True ends the loop after this step (the return value is then
-        the history so far). Fine-tuning evaluates and stops early through it.
+        ``after_step(metrics) -> bool`` (collective: every rank calls it after every step, before the
+        step's checkpoint, so that a checkpoint holds what it did, and before the step is logged, so that
+        the record has the checkpoints' time) lets a caller evaluate, save or stop: True ends the loop
+        after this step (the return value is then the history so far). Fine-tuning evaluates and stops
+        early through it.
 
         With ``checkpoint.resume`` the newest loadable checkpoint under OUTPUT/checkpoints is
         loaded first (damaged newer ones are named and passed over); with
@@ -412,17 +445,30 @@ class Trainer:
                     raise ZhnlpError(f"the loss became {m['loss']} at step {m['step']}; stopping. Last good checkpoint: "
                                      f"{good or 'none'}. Lower the learning rate and resume from it.")
                 history.append(m)
-                if m["step"] % self.cfg.logging.log_interval == 0:
-                    monitor.log(m)
                 done = bool(after_step(m)) if after_step is not None else False
                 if ck.save_interval and self.step % ck.save_interval == 0:
-                    checkpoint.save(self, keep=ck.keep)
+                    self.save(keep=ck.keep)
+                m["checkpoint_s"] = self._checkpoint_s  # this step's saves, and earlier ones not yet logged
+                if m["step"] % self.cfg.logging.log_interval == 0:
+                    monitor.log(m)
+                    self._checkpoint_s = 0.0
                 signum = stop.agreed()  # every rank, every step: all stop after the same one
                 if signum:
                     self._stop(signum, self._saved_now(), history)
                 if done:
                     break
         return history
+
+    def save(self, keep: int = 3) -> Path:
+        """:func:`zhnlp.training.checkpoint.save` (collective), its time reported in the metrics of the step (or,
+        between logged steps, of the next logged one) as ``checkpoint_s``."""
+        from zhnlp.training import checkpoint
+
+        start = time.perf_counter()
+        try:
+            return checkpoint.save(self, keep=keep)
+        finally:
+            self._checkpoint_s += time.perf_counter() - start
 
     def _saved_now(self):
         """The checkpoint written at the current step (by the loop or by ``after_step``), or None."""
@@ -453,7 +499,7 @@ class Trainer:
         path = saved
         if path is None and ck.save_on_stop:
             try:
-                path = checkpoint.save(self, keep=ck.keep)
+                path = self.save(keep=ck.keep)
             except KeyboardInterrupt:
                 previous = checkpoint.latest(self.output / "checkpoints")
                 raise Interrupted(f"stopped by {name} at step {self.step}; the checkpoint save was aborted by a "

@@ -31,6 +31,8 @@ import torch.nn.functional as F
 from megatron.core.tensor_parallel import ColumnParallelLinear, RowParallelLinear
 from megatron.core.tensor_parallel import mappings as M
 
+from zhnlp.models.common import onednn
+
 
 SPLIT_ROWS = 64  # at most this many rows (tokens) take the split product; measured faster up to ~128 on 2 cores
 
@@ -45,7 +47,11 @@ def _blocks(out_features: int) -> int:
 
 def linear(input_, weight, bias=None):
     """``F.linear(input_, weight, bias)``; on a CPU, without autograd and for few rows, as one batched product
-    over blocks of output features (one per thread; equal to rounding, see the module's docstring)."""
+    over blocks of output features (one per thread; equal to rounding, see the module's docstring). Traced by
+    ``torch.compile`` (compiled mode): :func:`zhnlp.models.common.onednn.onednn_linear` on a CPU."""
+    if torch.compiler.is_compiling():  # inside a compiled layer: one op inductor keeps (oneDNN on a CPU)
+        return onednn.onednn_linear(input_, weight, bias) if onednn.available(input_, weight) \
+            else F.linear(input_, weight, bias)
     rows = input_.numel() // max(input_.shape[-1], 1)
     if (input_.device.type != "cpu" or rows > SPLIT_ROWS or rows == 0 or not weight.is_contiguous()
             or (torch.is_grad_enabled() and (input_.requires_grad or weight.requires_grad

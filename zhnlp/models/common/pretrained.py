@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import os
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -60,6 +61,7 @@ class PretrainedModel(torch.nn.Module):
         # checkpoint keys whose weights were freshly initialised rather than loaded (a new task head);
         # from_config: every parameter. Pipelines refuse such a model unless told otherwise.
         self.fresh_weights: list[str] = []
+        self.compiled = False  # compiled mode (zhnlp.models.common.compiled.compile_layers)
         if torch.cuda.is_available():  # megatron builds on the CPU (use_cpu_initialization)
             self.chunks.to(distributed.device())
 
@@ -311,8 +313,10 @@ class PretrainedModel(torch.nn.Module):
                             f"this is a {self.head} model.")
         from zhnlp.models.common.generation import generate
 
-        return generate(self, input_ids, attention_mask, max_new_tokens, do_sample, temperature, top_k, top_p,
-                        repetition_penalty, eos_token_id, pad_token_id, streamer)
+        # compiled layers run eagerly here: the KV cache is state that grows every step (see models.common.compiled)
+        with torch.compiler.set_stance("force_eager") if getattr(self, "compiled", False) else nullcontext():
+            return generate(self, input_ids, attention_mask, max_new_tokens, do_sample, temperature, top_k, top_p,
+                            repetition_penalty, eos_token_id, pad_token_id, streamer)
 
     # ------------------------------------------------------------------ saving
     def save_pretrained(self, directory: str | os.PathLike, *, max_shard_size: int | str = "50GB",

@@ -11,7 +11,6 @@ embeddings / the head.
 
 from __future__ import annotations
 
-import contextlib
 
 import torch
 import torch.nn.functional as F
@@ -88,9 +87,15 @@ class ActivationDropout:
         x = self.activation(x)  # (s, b, ffn/tp)
         if not self.mlp.training or self.p == 0:
             return x
-        fork = not self.mlp.config.sequence_parallel
-        with tensor_parallel.get_cuda_rng_tracker().fork() if fork else contextlib.nullcontext():
+        if self.mlp.config.sequence_parallel:
             return F.dropout(x, p=self.p, training=True)
+        return _dropout_model_parallel_rng(x, self.p)
+
+
+@torch.compiler.disable  # compiled mode: the tracker swaps generator states, which torch.compile does not trace
+def _dropout_model_parallel_rng(x, p: float):
+    with tensor_parallel.get_cuda_rng_tracker().fork():
+        return F.dropout(x, p=p, training=True)
 
 
 class ErnieMModel(EncoderStages, LanguageModule):
