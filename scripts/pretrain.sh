@@ -20,6 +20,8 @@ launch options (environment variable in brackets):
                          (the host is usually the first node); needed when --nnodes > 1
   --rdzv-id ID           job id shared by the nodes of one job [RDZV_ID] (default: $SLURM_JOB_ID
                          when set, else zhnlp-pretrain)
+  --rdzv-conf K=V,...    c10d rendezvous settings [RDZV_CONF], e.g. last_call_timeout=5 (seconds an
+                         elastic job waits for more nodes once MIN have joined; torch's default 30)
   --master-addr HOST     static rendezvous instead of c10d (for launchers that assign node ranks,
   --master-port PORT       e.g. Kubeflow PyTorchJob): needs --node-rank on every node
   --max-restarts N       restart the workers up to N times after a failure [MAX_RESTARTS] (default 0)
@@ -38,6 +40,9 @@ examples:
       --distributed-optimizer --precision bf16 --output /shared/runs/0.3b  # (zhnlp preprocess --objective causal-lm)
   scripts/pretrain.sh --nnodes 2 --rdzv-endpoint node0:29500 --rdzv-id run1 --max-restarts 3 \
       -- --recipe ernie-3.0-base --data /shared/corpus/pd --output /shared/runs/base  # each node
+  scripts/pretrain.sh --nnodes 2:4 --rdzv-endpoint node0:29500 --rdzv-id run2 --max-restarts 3 \
+      -- --recipe ernie-3.0-base --distributed-optimizer --save-interval 200 --resume ...
+      # elastic: continues on the nodes left (2 to 4) from the last checkpoint, optimizer state included
 USAGE
 }
 
@@ -52,6 +57,7 @@ nnodes=${NNODES:-1}
 node_rank=${NODE_RANK:-0}
 rdzv_endpoint=${RDZV_ENDPOINT:-}
 rdzv_id=${RDZV_ID:-${SLURM_JOB_ID:-zhnlp-pretrain}}
+rdzv_conf=${RDZV_CONF:-}
 master_addr=""
 master_port=""
 max_restarts=${MAX_RESTARTS:-0}
@@ -66,6 +72,7 @@ while [[ $# -gt 0 ]]; do
         --node-rank) need_value "$@"; node_rank=$2; shift 2 ;;
         --rdzv-endpoint) need_value "$@"; rdzv_endpoint=$2; shift 2 ;;
         --rdzv-id) need_value "$@"; rdzv_id=$2; shift 2 ;;
+        --rdzv-conf) need_value "$@"; rdzv_conf=$2; shift 2 ;;
         --master-addr) need_value "$@"; master_addr=$2; shift 2 ;;
         --master-port) need_value "$@"; master_port=$2; shift 2 ;;
         --max-restarts) need_value "$@"; max_restarts=$2; shift 2 ;;
@@ -119,6 +126,9 @@ if [[ -n $rdzv_endpoint ]]; then
     [[ -z $master_addr ]] || die "pass either --rdzv-endpoint (c10d) or --master-addr (static), not both"
     [[ $rdzv_endpoint == *:* ]] || die "--rdzv-endpoint must be HOST:PORT, got '$rdzv_endpoint'"
     launch+=(--rdzv-backend=c10d --rdzv-endpoint="$rdzv_endpoint" --rdzv-id="$rdzv_id")
+    [[ -z $rdzv_conf ]] || launch+=(--rdzv-conf="$rdzv_conf")
+elif [[ -n $rdzv_conf ]]; then
+    die "--rdzv-conf is for the c10d rendezvous: pass --rdzv-endpoint HOST:PORT too"
 elif [[ -n $master_addr ]]; then
     [[ $nnodes != *:* ]] || die "an elastic --nnodes $nnodes needs --rdzv-endpoint (c10d), not --master-addr"
     launch+=(--node-rank="$node_rank" --master-addr="$master_addr" --master-port="${master_port:-29500}")

@@ -98,6 +98,14 @@ def test_several_nodes_use_c10d(stub_python):
     assert {"--nnodes=2", "--nproc-per-node=4", "--rdzv-backend=c10d", "--rdzv-endpoint=host0:29400",
             "--rdzv-id=job7", "--max-restarts=3"} <= set(args)
     assert "--standalone" not in args and not any(a.startswith("--node-rank") for a in args)
+    assert not any(a.startswith("--rdzv-conf") for a in args)
+
+
+def test_an_elastic_job_passes_the_rendezvous_settings(stub_python):
+    proc = _run([str(LAUNCHER), "--python", str(stub_python), "--nnodes", "1:4", "--nproc-per-node", "2",
+                 "--rdzv-endpoint", "host0:29400", "--rdzv-conf", "last_call_timeout=5", "--", "--resume"])
+    assert proc.returncode == 0, proc.stderr
+    assert {"--nnodes=1:4", "--rdzv-conf=last_call_timeout=5", "--rdzv-backend=c10d"} <= set(_args(proc.stdout))
 
 
 def test_static_rendezvous_passes_the_node_rank(stub_python):
@@ -150,6 +158,7 @@ def test_dry_run_prints_without_running():
     (["--rdzv-endpoint", "h:1", "--master-addr", "h"], "not both"),
     (["--rdzv-endpoint", "hostonly"], "HOST:PORT"),
     (["--nnodes"], "needs a value"),
+    (["--rdzv-conf", "last_call_timeout=5"], "pass --rdzv-endpoint"),
 ])
 def test_launcher_errors(stub_python, argv, message):
     proc = _run([str(LAUNCHER), "--python", str(stub_python), *argv])
