@@ -36,6 +36,7 @@ def test_unknown_recipe():
     (dict(precision="fp8"), 1, "precision 'fp8' is not one of fp32, bf16, fp16"),
     (dict(bucket_size=1000), 2, "bucket_size sets the buckets of overlap_grad_reduce"),
     (dict(overlap_grad_reduce=True, fsdp=True), 2, "drop --overlap-grad-reduce"),
+    (dict(async_save=True), 1, "without --save-interval there are none"),
 ])
 def test_layouts_that_cannot_work_fail_first(changes, world, message):
     cfg = override(recipe("ernie-debug"), **changes)

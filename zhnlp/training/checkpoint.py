@@ -14,6 +14,13 @@ A save writes into ``step_N.incomplete``, waits for every rank, and rank 0 write
 and renames the directory to ``step_N``; then checkpoints beyond the newest ``keep`` are deleted.
 ``latest(dir)`` returns the newest complete one.
 
+With ``--async-save`` (``save(..., background=True)``) the state is captured when the save is called and
+written by a forked process (megatron's async dist_checkpointing, ``AsyncCallsQueue``) while training goes on;
+trainer.json and the RNG files go into ``step_N.incomplete`` at once. :func:`finish_saves` (at every step, without
+waiting; before the next save, at the end of training and on a stop signal, waiting) completes a save whose
+write every rank has finished: megatron's metadata, then the manifest and the rename as above. A process
+killed during the background write therefore leaves only ``step_N.incomplete``.
+
 A complete checkpoint can still be damaged afterwards (a file deleted, a disk that filled up
 during a copy). :func:`problem` names what is wrong with one from its files alone (the manifest;
 for checkpoints written before manifests, the files megatron's ``.metadata`` names, read with a
@@ -40,6 +47,7 @@ plain optimizer's (e.g. saved under FSDP, continued on one process without it).
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import pickle
@@ -430,11 +438,16 @@ def _save_strategy():
     return TorchDistSaveShardedStrategy("torch_dist", 1, thread_count=1)
 
 
-def save(trainer, keep: int = 3) -> Path:
-    """Save the trainer's state at its current step (collective)."""
+def save(trainer, keep: int = 3, background: bool = False) -> Path:
+    """Save the trainer's state at its current step (collective) and return the checkpoint's path.
+
+    ``background`` (``--async-save``): the state is captured now and written by a forked process while
+    training goes on; the path is where the checkpoint will be once :func:`finish_saves` has completed it
+    (until then it is ``step_N.incomplete``). A save in flight is completed before the next one starts."""
     from megatron.core import dist_checkpointing
     from safetensors.torch import save_file
 
+    finish_saves(trainer, blocking=True)  # at most one save in flight: it completes before this one starts
     lay = trainer.layout
     root = trainer.output / "checkpoints"
     final = root / f"step_{trainer.step:07d}"
@@ -447,8 +460,8 @@ def save(trainer, keep: int = 3) -> Path:
     distributed.barrier()
     distopt = trainer.cfg.optimizer.distributed_optimizer
     with cpu.device_mode():
-        dist_checkpointing.save(_sharded_state(trainer, with_optimizer=True), str(work / "model"),
-                                sharded_strategy=_save_strategy())
+        request = dist_checkpointing.save(_sharded_state(trainer, with_optimizer=True), str(work / "model"),
+                                          sharded_strategy=_save_strategy(), async_sharded_save=background)
     save_file({k: v.contiguous() for k, v in _rng_state().items()},
               str(work / "rng" / f"rank_{dist.get_rank():05d}.safetensors"))
     if dist.get_rank() == 0:
@@ -463,6 +476,18 @@ def save(trainer, keep: int = 3) -> Path:
         if extra is not None:  # the caller's own state (fine-tuning: evaluations, best model, callbacks)
             info["state"] = extra()
         (work / "trainer.json").write_text(json.dumps(info, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    commit = functools.partial(_commit, trainer, trainer.step, work, final, keep)
+    if not background:
+        commit()
+        return final
+    request.add_finalize_fn(commit)  # after megatron's own (the shards' .metadata, metadata.json)
+    _schedule(trainer, request, work)
+    return final
+
+
+def _commit(trainer, step: int, work: Path, final: Path, keep: int) -> None:
+    """Make ``work`` (every rank's files written) the complete checkpoint ``final`` (collective)."""
+    root = final.parent
     distributed.barrier()
     if dist.get_rank() == 0:  # the one step that makes the checkpoint count
         _write_manifest(work)  # every rank's files are written (the barrier): their sizes are final
@@ -474,8 +499,59 @@ def save(trainer, keep: int = 3) -> Path:
         for stale in root.glob("*.incomplete"):
             shutil.rmtree(stale, ignore_errors=True)
     distributed.barrier()
-    trainer.last_checkpoint = (trainer.step, final)
-    return final
+    trainer.last_checkpoint = (step, final)
+
+
+# Test hook, never for real runs: the background writer waits this many seconds before writing, so that tests
+# can train past a save, or kill a run, while its write is certainly still in flight.
+TEST_WRITE_DELAY = "ZHNLP_TEST_ASYNC_WRITE_DELAY"
+
+
+def _delayed(seconds: float, write, *args, **kwargs):
+    import time
+
+    time.sleep(seconds)
+    return write(*args, **kwargs)
+
+
+def _schedule(trainer, request, work: Path) -> None:
+    """Start ``request``'s write in the background with megatron's AsyncCallsQueue (collective).
+
+    Its caller forks the writer: the child's memory is a copy-on-write snapshot taken at the fork, so the
+    optimizer steps that follow change the trainer's pages, never what is written (megatron's staging copy,
+    ``tensor.to("cpu")``, is no copy for tensors already on the CPU)."""
+    import os
+
+    from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCallsQueue
+
+    delay = float(os.environ.get(TEST_WRITE_DELAY) or 0)
+    if delay and request.async_fn is not None:
+        request = request._replace(async_fn=functools.partial(_delayed, delay, request.async_fn))
+    if getattr(trainer, "async_saves", None) is None:
+        trainer.async_saves = AsyncCallsQueue(persistent=False)  # a forked writer per save
+    with cpu.device_mode():
+        trainer.async_saves.schedule_async_request(request)
+    trainer.saving = work
+
+
+def finish_saves(trainer, blocking: bool) -> None:
+    """Complete the background saves whose writes every rank has finished (collective: the ranks agree
+    with one small all-reduce): megatron's finalization (the shards' metadata), then the manifest and the
+    rename to ``step_N``. ``blocking``: wait for the write in flight first. A no-op without one."""
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    queue = getattr(trainer, "async_saves", None)
+    if queue is None or not queue.get_num_unfinalized_calls():
+        return
+    try:
+        with cpu.device_mode():
+            queue.maybe_finalize_async_calls(blocking=blocking)
+    except CheckpointException as e:
+        cause = next(iter(e.failures.values()), e) if e.failures else e
+        cause = cause[0] if isinstance(cause, tuple) else cause
+        raise CheckpointError(f"writing checkpoint {trainer.saving} in the background failed "
+                              f"({type(cause).__name__}: {str(cause).strip()[:200]}); it stays incomplete and "
+                              "--resume ignores it: fix the cause (e.g. free disk space) and resume.") from e
 
 
 @contextlib.contextmanager

@@ -120,6 +120,9 @@ class CheckpointConfig:
                             check=non_negative)
     keep: int = _f(3, "complete checkpoints to keep (0 keeps every one)", check=non_negative)
     resume: bool = _f(False, "continue from the newest loadable checkpoint under OUTPUT/checkpoints")
+    async_save: bool = _f(False, "write the periodic checkpoints in the background (megatron's async "
+                                 "dist_checkpointing: the state is captured at the save, a forked process writes "
+                                 "it while training continues); a checkpoint counts once complete, as always")
     # on SIGTERM/SIGINT: save a checkpoint after the current step, then Trainer.train raises Interrupted
     # (off for callers that keep their own results, such as fine-tuning's best model)
     save_on_stop: bool = _f(True, "on SIGTERM/SIGINT save a checkpoint after the current step", cli=False)
@@ -230,6 +233,9 @@ class RunConfig:
             problems.append("bucket_size sets the buckets of overlap_grad_reduce; without it the gradients are "
                             "reduced in one bucket after the backward (add --overlap-grad-reduce or drop "
                             "--bucket-size)")
+        if c.async_save and not c.save_interval:
+            problems.append("--async-save writes the periodic checkpoints in the background; without "
+                            "--save-interval there are none (add --save-interval N or drop --async-save)")
         if p.overlap_grad_reduce and p.fsdp:
             problems.append("--fsdp reduce-scatters each layer's gradients during the backward already; drop "
                             "--overlap-grad-reduce")

@@ -409,7 +409,9 @@ class Trainer:
 
         With ``checkpoint.resume`` the newest loadable checkpoint under OUTPUT/checkpoints is
         loaded first (damaged newer ones are named and passed over); with
-        ``checkpoint.save_interval`` one is written every that many steps.
+        ``checkpoint.save_interval`` one is written every that many steps; with ``checkpoint.async_save``
+        in the background, completed at the first step after its write is done on every rank (at the latest
+        before the next save, at the end of this call or on a stop signal).
 
         SIGTERM or SIGINT (on any rank) ends the loop after the current step on every rank: with
         ``checkpoint.save_on_stop`` a checkpoint is written, then :class:`zhnlp.errors.Interrupted`
@@ -440,6 +442,7 @@ class Trainer:
         with monitor, stop_signals() as stop:
             while self.step < end:
                 m = self.train_step()
+                self.finish_saves(blocking=False)  # complete a background save whose write is done
                 if not torch.isfinite(torch.tensor(m["loss"])):
                     good = checkpoint.latest(self.output / "checkpoints")
                     raise ZhnlpError(f"the loss became {m['loss']} at step {m['step']}; stopping. Last good checkpoint: "
@@ -454,19 +457,33 @@ class Trainer:
                     self._checkpoint_s = 0.0
                 signum = stop.agreed()  # every rank, every step: all stop after the same one
                 if signum:
+                    self.finish_saves(blocking=True)  # this step's background save counts as saved
                     self._stop(signum, self._saved_now(), history)
                 if done:
                     break
+            self.finish_saves(blocking=True)
         return history
 
-    def save(self, keep: int = 3) -> Path:
+    def save(self, keep: int = 3, wait: bool = False) -> Path:
         """:func:`zhnlp.training.checkpoint.save` (collective), its time reported in the metrics of the step (or,
-        between logged steps, of the next logged one) as ``checkpoint_s``."""
+        between logged steps, of the next logged one) as ``checkpoint_s``. With ``checkpoint.async_save`` (and not
+        ``wait``) the write goes on in the background: the path is complete once :meth:`finish_saves` says so."""
         from zhnlp.training import checkpoint
 
         start = time.perf_counter()
         try:
-            return checkpoint.save(self, keep=keep)
+            return checkpoint.save(self, keep=keep, background=self.cfg.checkpoint.async_save and not wait)
+        finally:
+            self._checkpoint_s += time.perf_counter() - start
+
+    def finish_saves(self, blocking: bool) -> None:
+        """:func:`zhnlp.training.checkpoint.finish_saves` (collective), its time (the training loop's stall)
+        counted in ``checkpoint_s`` like the saves'."""
+        from zhnlp.training import checkpoint
+
+        start = time.perf_counter()
+        try:
+            checkpoint.finish_saves(self, blocking=blocking)
         finally:
             self._checkpoint_s += time.perf_counter() - start
 
@@ -499,7 +516,7 @@ class Trainer:
         path = saved
         if path is None and ck.save_on_stop:
             try:
-                path = self.save(keep=ck.keep)
+                path = self.save(keep=ck.keep, wait=True)
             except KeyboardInterrupt:
                 previous = checkpoint.latest(self.output / "checkpoints")
                 raise Interrupted(f"stopped by {name} at step {self.step}; the checkpoint save was aborted by a "
