@@ -242,3 +242,31 @@ def test_config_round_trip_and_checks():
 
     with pytest.raises(LayoutError, match=r"num_key_value_heads=2 is not divisible by tp=4"):
         cfg.check_layout(4, 1)
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_many_tokens_take_onednn_and_match_transformers(tmp_path, name, monkeypatch):
+    """Products of more than SPLIT_ROWS tokens go through oneDNN on a CPU (zhnlp.models.common.linear): logits,
+    loss and every gradient (the tied output projection's included) still match transformers'."""
+    from zhnlp.models.common import linear as L
+
+    calls = []
+    real = L.onednn.onednn_linear
+    monkeypatch.setattr(L.onednn, "onednn_linear", lambda *a: calls.append(1) or real(*a))
+    hf, model = _pair(tmp_path, name)
+    model.train()
+    batch = inputs(batch=3, seq=40, seed=2)  # 120 rows
+    ref, out = hf(**batch), model(**batch)
+    assert calls, "the products did not take the oneDNN path"
+    mask = batch["attention_mask"].bool()
+    torch.testing.assert_close(out.logits[mask], ref.logits[mask], rtol=0, atol=2e-5)
+    torch.testing.assert_close(out.loss, ref.loss, rtol=0, atol=1e-5)
+    ref.loss.backward()
+    out.loss.backward()
+    grads = {n: p.grad for n, p in hf.named_parameters()}
+    table = model.family.bridge.table(model.config)
+    names = engine.global_param_names(model.chunks[0])
+    for local, p in model.chunks[0].named_parameters():
+        mapping, layer = table.find(names[local])
+        for key, grad in mapping.to_hf(p.grad, layer).items():
+            torch.testing.assert_close(grad, grads[key], rtol=1e-4, atol=1e-6, msg=key)
