@@ -34,6 +34,7 @@ def main() -> int:
     ap.add_argument("--moe-aux-loss-coeff", type=float, default=None)
     ap.add_argument("--overlap-grad-reduce", action="store_true")
     ap.add_argument("--bucket-size", type=int, default=None)
+    ap.add_argument("--overlap-param-gather", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(1)
     cfg = override(recipe(args.recipe), prefix=args.data, steps=args.steps, tp=args.tp, pp=args.pp, vpp=args.vpp,
@@ -41,7 +42,8 @@ def main() -> int:
                    distributed_optimizer=args.distributed_optimizer or None, output=str(args.out / args.tag),
                    reset_attention=args.reset_attention or None, ep=args.ep, etp=args.etp,
                    moe_aux_loss_coeff=args.moe_aux_loss_coeff, fsdp=args.fsdp or None,
-                   overlap_grad_reduce=args.overlap_grad_reduce or None, bucket_size=args.bucket_size)
+                   overlap_grad_reduce=args.overlap_grad_reduce or None, bucket_size=args.bucket_size,
+                   overlap_param_gather=args.overlap_param_gather or None)
     cfg.data.seq_length = 32
     trainer = Trainer(cfg)
     history = trainer.train()

@@ -36,6 +36,13 @@ def test_unknown_recipe():
     (dict(precision="fp8"), 1, "precision 'fp8' is not one of fp32, bf16, fp16"),
     (dict(bucket_size=1000), 2, "bucket_size sets the buckets of overlap_grad_reduce"),
     (dict(overlap_grad_reduce=True, fsdp=True), 2, "drop --overlap-grad-reduce"),
+    (dict(overlap_param_gather=True, overlap_grad_reduce=True), 2, "add --distributed-optimizer or drop "
+                                                                   "--overlap-param-gather"),
+    (dict(overlap_param_gather=True, distributed_optimizer=True), 2, "needs --overlap-grad-reduce"),
+    (dict(overlap_param_gather=True, fsdp=True), 2, "--fsdp all-gathers each layer's parameters before its "
+                                                    "forward already; drop --overlap-param-gather"),
+    (dict(overlap_param_gather=True, overlap_grad_reduce=True, distributed_optimizer=True, compile=True), 2,
+     "--compile with --overlap-param-gather"),
     (dict(async_save=True), 1, "without --save-interval there are none"),
 ])
 def test_layouts_that_cannot_work_fail_first(changes, world, message):

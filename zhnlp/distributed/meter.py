@@ -7,7 +7,10 @@ parallel), ``pp`` (the pipeline's sends and receives), ``dp`` (data parallel, wi
 parallel) and ``ep`` (expert parallel: the MoE token dispatch). A send or receive over another group is ``pp``
 when its peer is in this rank's pipeline group (megatron sends one direction of a two-stage pipeline over the
 world group); other calls on other groups (the world, the tied embedding's first/last-stage group, the
-model-parallel group of the gradient norm) are counted in no kind.
+model-parallel group of the gradient norm) are counted in no kind. megatron's coalescing manager (its gradient
+buckets' reductions, the distributed optimizer's parameter all-gathers) is counted too: with ``async_ops``
+(``--overlap-grad-reduce``, ``--overlap-param-gather``) the collectives inside only record themselves (their bytes
+are counted there) and run as one call at its exit, whose time and the later ``wait()`` of its works are counted.
 
 Per kind it adds up
 
@@ -58,6 +61,10 @@ _BOUND = {"megatron.core.tensor_parallel.mappings": {"dist_all_gather_func": "al
                                                       "dist_reduce_scatter_func": "reduce_scatter_tensor"},
           "megatron.core.distributed.param_and_grad_buffer": {"dist_all_gather_func": "all_gather_into_tensor",
                                                               "dist_reduce_scatter_func": "reduce_scatter_tensor"}}
+# megatron's coalescing manager around its buckets' gradient reductions and parameter all-gathers: with async_ops
+# (--overlap-grad-reduce, --overlap-param-gather) the collectives inside only record themselves (counted there with
+# their bytes) and run as one coalesced call at the manager's exit, which a later wait() completes
+_COALESCING = ("megatron.core.distributed.param_and_grad_buffer", "_coalescing_manager")
 
 
 @functools.cache
@@ -218,11 +225,14 @@ class CommMeter:
         targets += [(dist.distributed_c10d, name, name) for name in ("isend", "irecv")]
         targets += [(module, attr, name) for module_name, bound in _BOUND.items()
                     if (module := sys.modules.get(module_name)) is not None for attr, name in bound.items()]
+        if (module := sys.modules.get(_COALESCING[0])) is not None:
+            targets.append((module, _COALESCING[1], _COALESCING[1]))
         for owner, attr, name in targets:
             original = getattr(owner, attr)
             # one wrapper per function (torch.distributed.isend is distributed_c10d.isend), kept for the next step
             if (original, name) not in self._wrappers:
                 self._wrappers[original, name] = (self._batch(original) if name == "batch_isend_irecv"
+                                                  else self._coalesced(original) if name == _COALESCING[1]
                                                   else self._counted(original, name))
             self._saved.append((owner, attr, original))
             setattr(owner, attr, self._wrappers[original, name])
@@ -266,6 +276,27 @@ class CommMeter:
                              receives)
 
         return batch
+
+    def _coalesced(self, manager):
+        """megatron's ``_coalescing_manager`` with the time of its exit (where the coalesced collective is issued,
+        and, without ``async_ops``, completed) and of the waits on the works it returns counted in the group's kind;
+        the bytes are counted by the collectives inside."""
+
+        @contextlib.contextmanager
+        def coalesced(group=None, device=None, async_ops=False):
+            kind = self.kinds.get(group) if group is not None else None
+            if kind is None or self._depth:
+                with manager(group, device=device, async_ops=async_ops) as cm:
+                    yield cm
+                return
+            with manager(group, device=device, async_ops=async_ops) as cm:
+                yield cm
+                start = time.perf_counter()
+            self._add(kind, time.perf_counter() - start, 0, False)
+            if getattr(cm, "works", None):  # torch's _CoalescingManager: cm.wait() waits for each
+                cm.works = [_Waited(w, self, kind, False) for w in cm.works]
+
+        return coalesced
 
     def _run(self, fn, args, kwargs, kind: str, nbytes: int, receives: bool):
         self._depth += 1

@@ -56,6 +56,10 @@ class ParallelConfig:
                                           "backward of the last micro-batch, instead of after it (megatron DDP)")
     bucket_size: int | None = _f(None, "parameters per gradient bucket with overlap_grad_reduce (default "
                                        "megatron's: max(40M, 1M x data-parallel size))", check=positive)
+    overlap_param_gather: bool = _f(False, "with the distributed optimizer: all-gather the updated parameters "
+                                           "bucket by bucket during the next step's forward (each layer waits "
+                                           "for its own bucket) instead of right after the optimizer step "
+                                           "(megatron DDP); needs overlap_grad_reduce, whose buckets it uses")
 
 
 @dataclass
@@ -239,6 +243,7 @@ class RunConfig:
         if p.overlap_grad_reduce and p.fsdp:
             problems.append("--fsdp reduce-scatters each layer's gradients during the backward already; drop "
                             "--overlap-grad-reduce")
+        problems += _param_gather_problems(self)
         if self.compile and p.fsdp:
             problems.append("--compile with --fsdp: FSDP2's per-layer hooks would be traced into the compiled layers; "
                             "drop one of them")
@@ -287,6 +292,28 @@ class RunConfig:
         problems += _offload_problems(self)
         if problems:
             raise LayoutError("this run cannot start: " + "; ".join(problems) + ".")
+
+
+def _param_gather_problems(cfg) -> list[str]:
+    """What ``--overlap-param-gather`` needs and cannot be combined with (one message each)."""
+    p = cfg.parallel
+    if not p.overlap_param_gather:
+        return []
+    if p.fsdp:
+        return ["--fsdp all-gathers each layer's parameters before its forward already; drop --overlap-param-gather"]
+    problems = []
+    if not cfg.optimizer.distributed_optimizer:
+        problems.append("--overlap-param-gather all-gathers the distributed optimizer's updated shards; without "
+                        "--distributed-optimizer every rank updates all its parameters and nothing is gathered "
+                        "(add --distributed-optimizer or drop --overlap-param-gather)")
+    elif not p.overlap_grad_reduce:
+        problems.append("--overlap-param-gather needs --overlap-grad-reduce: megatron cuts the parameters into "
+                        "buckets (--bucket-size) only with it, and the forward overlaps one bucket's gather with "
+                        "the previous bucket's layers (add --overlap-grad-reduce)")
+    if cfg.compile:
+        problems.append("--compile with --overlap-param-gather: the hooks that wait for each layer's gathered "
+                        "parameters would be traced into the compiled layers; drop one of them")
+    return problems
 
 
 def _offload_problems(cfg) -> list[str]:

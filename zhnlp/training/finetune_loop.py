@@ -190,6 +190,7 @@ def run_finetune(task: Task, cfg: FinetuneConfig, run_dir, sources: dict, comput
                                  "resume it with zhnlp pretrain, or fine-tune into a new --output.")
 
         def evaluate(step: int) -> None:
+            trainer.gather_params()  # --overlap-param-gather: the weights evaluated (and saved as best) are updated
             pending = run_state["pending"]
             # the loss lives on the last pipeline stage: take the logging rank's mean
             from zhnlp import distributed

@@ -173,10 +173,15 @@ class Trainer:
             compile_layers(self.model)
         self.config = tconf = self.model.transformer_config
         with cpu.device_mode():
+            chunks = self.model.chunks
+            # --overlap-param-gather: the optimizer step updates each rank's shard only; the next forward's
+            # pre-hooks wait for each bucket's all-gather and start the next bucket's. Under the interleaved
+            # schedule megatron starts each chunk's gathers itself, at the same point on every stage (aligned).
+            aligned = p.overlap_param_gather and len(chunks) > 1
             ddp = DistributedDataParallelConfig(grad_reduce_in_fp32=True, overlap_grad_reduce=p.overlap_grad_reduce,
                                                 use_distributed_optimizer=o.distributed_optimizer,
-                                                bucket_size=p.bucket_size)
-            chunks = self.model.chunks
+                                                bucket_size=p.bucket_size, align_param_gather=aligned,
+                                                overlap_param_gather=p.overlap_param_gather)
             if dtype != torch.float32:
                 from megatron.core.transformer.module import Float16Module
 
@@ -192,7 +197,8 @@ class Trainer:
                 adam_beta2=o.adam_beta2, adam_eps=o.adam_eps, clip_grad=o.clip_grad, params_dtype=dtype,
                 bf16=dtype == torch.bfloat16, fp16=dtype == torch.float16,
                 initial_loss_scale=o.initial_loss_scale,  # fp16: dynamic loss scaling from here
-                use_distributed_optimizer=o.distributed_optimizer, **_offload_options(o)), self.chunks)
+                use_distributed_optimizer=o.distributed_optimizer, overlap_param_gather=p.overlap_param_gather,
+                **_offload_options(o)), self.chunks)
             self.scheduler = OptimizerParamScheduler(
                 self.optimizer, init_lr=0.0, max_lr=o.lr, min_lr=o.min_lr, lr_warmup_steps=o.warmup_steps,
                 lr_decay_steps=max(cfg.steps, o.warmup_steps + 1), lr_decay_style=o.decay_style,
@@ -214,6 +220,8 @@ class Trainer:
         if p.overlap_grad_reduce:  # the pipeline schedules start each chunk's reduction after its last backward
             tconf.grad_sync_func = ([c.start_grad_sync for c in self.chunks] if len(self.chunks) > 1
                                     else self.chunks[0].start_grad_sync)
+        if aligned:  # the interleaved schedule starts each chunk's parameter gathers (megatron's param_sync_func)
+            tconf.param_sync_func = [c.start_param_sync for c in self.chunks]
         tconf.grad_scale_func = self.optimizer.scale_loss
         self.dp_group = ps.get_data_parallel_group()
         self.logging_rank = lay.world_size - 1  # on the last pipeline stage, where the loss is
@@ -337,8 +345,8 @@ class Trainer:
         backward less its communication (``compute_s``), tensor-, pipeline- and expert-parallel communication
         (``tp_comm_s``, ``pp_comm_s``, and ``pp_bubble_s``: waiting for a neighbouring stage's activations or
         gradients), the data-parallel communication (``grad_sync_s``: megatron's gradient reductions after the
-        backward, buckets reduced during it, the loss average), ``optimizer_s`` (its own collectives included)
-        and the rest (``other_s``)."""
+        backward, buckets reduced during it, parameter all-gathers ``--overlap-param-gather`` left to the forward,
+        the loss average), ``optimizer_s`` (its own collectives included) and the rest (``other_s``)."""
         comm = self.comm
         split = (FORWARD_BACKWARD, None)  # phases whose communication is split out (finalize's and the optimizer's
         # stay in grad_sync_s and optimizer_s)
@@ -462,7 +470,21 @@ class Trainer:
                 if done:
                     break
             self.finish_saves(blocking=True)
+        self.gather_params()  # the caller's model holds the trained weights
         return history
+
+    def gather_params(self) -> None:
+        """Complete the parameter all-gathers that ``--overlap-param-gather`` leaves to the next forward (collective;
+        nothing to do without it). The distributed optimizer's step updates each rank's shard of the parameters
+        only; the rest of the weights stay those of the step before until the next forward's pre-hooks wait for
+        them. Whatever reads the weights between steps calls this first: :meth:`save`, fine-tuning's evaluation
+        and best-model export, and the end of :meth:`train` (so the model a caller gets back is the trained one).
+        The next forward then finds the gathers done."""
+        if not self.cfg.parallel.overlap_param_gather:
+            return
+        with cpu.device_mode():
+            for chunk in self.chunks:
+                chunk.start_param_sync(force_sync=True)
 
     def save(self, keep: int = 3, wait: bool = False) -> Path:
         """:func:`zhnlp.training.checkpoint.save` (collective), its time reported in the metrics of the step (or,
@@ -472,6 +494,7 @@ class Trainer:
 
         start = time.perf_counter()
         try:
+            self.gather_params()  # the checkpoint holds the updated weights, not the stale parts of each rank's copy
             return checkpoint.save(self, keep=keep, background=self.cfg.checkpoint.async_save and not wait)
         finally:
             self._checkpoint_s += time.perf_counter() - start
@@ -481,6 +504,9 @@ class Trainer:
         counted in ``checkpoint_s`` like the saves'."""
         from zhnlp.training import checkpoint
 
+        queue = getattr(self, "async_saves", None)
+        if queue is None or not queue.get_num_unfinalized_calls():
+            return  # nothing in flight: no time to count
         start = time.perf_counter()
         try:
             checkpoint.finish_saves(self, blocking=blocking)
@@ -522,6 +548,7 @@ class Trainer:
                 raise Interrupted(f"stopped by {name} at step {self.step}; the checkpoint save was aborted by a "
                                   f"second SIGINT; the last complete checkpoint is {previous or 'none'}",
                                   signal.SIGINT) from None
+        self.gather_params()  # every rank agreed to stop here: the model the caller keeps is up to date
         where = f"; checkpoint {path}; continue with --resume" if path is not None else ""
         stop = Interrupted(f"stopped by {name} at step {self.step}{where}", signum)
         stop.step, stop.checkpoint, stop.history = self.step, path, history
