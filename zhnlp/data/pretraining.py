@@ -183,42 +183,52 @@ class MaskedLMDataset:
         return out
 
     def _mask(self, ids: np.ndarray, units: np.ndarray, rng) -> tuple[np.ndarray, np.ndarray]:
-        sp = self.special
-        candidates = []  # unit -> token positions, in text order
-        positions: dict[int, list[int]] = {}
-        for pos, u in enumerate(units):
-            if u < 0:
-                continue
-            if u not in positions:
-                positions[u] = []
-                candidates.append(u)
-            positions[u].append(pos)
-        n_tokens = sum(len(p) for p in positions.values())
-        target = max(1, int(round(n_tokens * self.mask_prob)))
-        chosen: list[int] = []
-        covered: set[int] = set()
-        for start in rng.permutation(len(candidates)):
-            if len(chosen) >= target:
-                break
-            span = _ngram(rng, self.max_ngram)
-            span_units = candidates[start:start + span]
-            span_pos = [p for u in span_units for p in positions[u]]
-            if any(p in covered for p in span_pos):
-                continue
-            if len(chosen) + len(span_pos) > target and chosen:
-                continue  # would overshoot: try a shorter span elsewhere
-            chosen.extend(span_pos)
-            covered.update(span_pos)
-        labels = np.full(len(ids), -100, dtype=np.int64)
-        masked = ids.copy()
-        for pos in chosen:
-            labels[pos] = ids[pos]
-            r = rng.random()
-            if r < 0.8:
-                masked[pos] = sp.mask
-            elif r < 0.9:
-                masked[pos] = rng.integers(sp.first_regular, sp.vocab_size)
-        return masked, labels
+        return mask_units(ids, units, rng, self.special, self.mask_prob, self.max_ngram)
+
+
+def mask_units(ids: np.ndarray, units: np.ndarray, rng, special: SpecialTokens, mask_prob: float,
+               max_ngram: int = 1) -> tuple[np.ndarray, np.ndarray]:
+    """-> (masked ids, labels): whole units (``units[i]``: token i's unit, -1 = never masked) chosen in a random
+    order until ``mask_prob`` of the unit tokens (at least one) are picked, never overshooting with a second span;
+    with ``max_ngram > 1`` runs of consecutive units go together. Picked tokens become [MASK] 80% of the time, a
+    random regular token 10%, stay 10%; ``labels`` holds their original ids and -100 elsewhere. A pure function
+    of ``rng``'s state (pretraining samples and fine-tuning's masked LM share it)."""
+    sp = special
+    candidates = []  # unit -> token positions, in text order
+    positions: dict[int, list[int]] = {}
+    for pos, u in enumerate(units):
+        if u < 0:
+            continue
+        if u not in positions:
+            positions[u] = []
+            candidates.append(u)
+        positions[u].append(pos)
+    n_tokens = sum(len(p) for p in positions.values())
+    target = max(1, int(round(n_tokens * mask_prob)))
+    chosen: list[int] = []
+    covered: set[int] = set()
+    for start in rng.permutation(len(candidates)):
+        if len(chosen) >= target:
+            break
+        span = _ngram(rng, max_ngram)
+        span_units = candidates[start:start + span]
+        span_pos = [p for u in span_units for p in positions[u]]
+        if any(p in covered for p in span_pos):
+            continue
+        if len(chosen) + len(span_pos) > target and chosen:
+            continue  # would overshoot: try a shorter span elsewhere
+        chosen.extend(span_pos)
+        covered.update(span_pos)
+    labels = np.full(len(ids), -100, dtype=np.int64)
+    masked = ids.copy()
+    for pos in chosen:
+        labels[pos] = ids[pos]
+        r = rng.random()
+        if r < 0.8:
+            masked[pos] = sp.mask
+        elif r < 0.9:
+            masked[pos] = rng.integers(sp.first_regular, sp.vocab_size)
+    return masked, labels
 
 
 def _ngram(rng, max_ngram: int) -> int:

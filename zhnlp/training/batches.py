@@ -4,7 +4,8 @@ Batches: every epoch shuffles the training features with ``seed + epoch`` and cu
 global batches (the last incomplete one is dropped; the next epoch's shuffle covers it). Each
 global batch is padded to its own longest feature (a multiple of 8), the same on every rank, so
 that every data-parallel and tensor-parallel layout sees the same numbers. Global batch ``step``
-depends on nothing but ``step``: a resumed run sees the batches an uninterrupted one would.
+depends on nothing but ``step``: a resumed run sees the batches an uninterrupted one would (a
+``transform(feature, epoch)``, masked LM's per-epoch masking, must be a pure function too).
 Padding is done by transformers' collators (:func:`zhnlp.data.tasks.collate`).
 """
 
@@ -40,12 +41,14 @@ class EpochBatches:
     """``batches(step)``: this data-parallel rank's micro-batches of global batch ``step``."""
 
     def __init__(self, features: list[dict], global_batch: int, micro_batch: int, seed: int, multiple: int = 8,
-                 pad_token_id: int = 0, collate=None):
+                 pad_token_id: int = 0, collate=None, transform=None):
         """``collate(features, pad_to, pad_token_id) -> batch``: default :func:`collate_features` (packed chat
-        sequences bring their own, :func:`zhnlp.data.tasks.sft.collate_packed`)."""
+        sequences bring their own, :func:`zhnlp.data.tasks.sft.collate_packed`). ``transform(feature, epoch) ->
+        feature``: applied to this rank's features of a batch before collating (masked LM: the epoch's masking)."""
         self.features, self.global_batch, self.micro_batch = features, global_batch, micro_batch
         self.seed, self.multiple, self.pad_token_id = seed, multiple, pad_token_id
         self.collate = collate or collate_features
+        self.transform = transform
         self.steps_per_epoch = len(features) // global_batch
         if self.steps_per_epoch == 0:
             raise DataError(f"the training set has {len(features)} features, fewer than one batch of {global_batch}; "
@@ -62,6 +65,8 @@ class EpochBatches:
         lay = distributed.layout()  # the trainer has set up the process groups by the first step
         per_rank = self.global_batch // lay.dp
         mine = batch[lay.dp_rank * per_rank:(lay.dp_rank + 1) * per_rank]
+        if self.transform is not None:
+            mine = [self.transform(f, epoch) for f in mine]
         return [self.collate(mine[i:i + self.micro_batch], pad_to, self.pad_token_id)
                 for i in range(0, per_rank, self.micro_batch)]
 
@@ -121,6 +126,29 @@ def loss_over(model, features: list[dict], batch_size: int, multiple: int = 8, w
             total += float(out["loss"]) * k
             tokens += k
     return {"loss": total / tokens if tokens else float("nan"), "tokens": tokens}
+
+
+@torch.no_grad()
+def masked_lm_over(model, features: list[dict], batch_size: int, multiple: int = 8, what: str = "dev",
+                   pad_token_id: int = 0) -> dict[str, float]:
+    """The masked-LM loss of ``model`` over ``features`` (masked ``input_ids``, ``labels`` -100 off the masked
+    tokens; any layout, every rank gets the result) averaged over every masked token of the split, and the
+    fraction of those tokens whose original id is the top logit -> ``{"loss", "accuracy", "tokens"}``."""
+    model.eval()
+    total, right, tokens = 0.0, 0, 0
+    for batch in _eval_batches(features, batch_size, multiple, pad_token_id, what):
+        picked = batch["labels"] != -100  # (b, s)
+        k = int(picked.sum())
+        if k:
+            out = model(batch["input_ids"], attention_mask=batch["attention_mask"],
+                        token_type_ids=batch["token_type_ids"], labels=batch["labels"])
+            total += float(out["loss"]) * k  # the batch's mean over its masked tokens
+            predicted = out["logits"][picked.to(out["logits"].device)].argmax(-1).cpu()  # (k,)
+            right += int((predicted == batch["labels"][picked]).sum())
+            tokens += k
+    nan = float("nan")
+    return {"loss": total / tokens if tokens else nan, "accuracy": right / tokens if tokens else nan,
+            "tokens": tokens}
 
 
 def label_ids(features: list[dict], width: int):

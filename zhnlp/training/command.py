@@ -156,7 +156,8 @@ def add_finetune_cli(subparsers) -> None:
 
     p = subparsers.add_parser(
         "finetune", dataclass_types=[FinetuneConfig], given_only=True, show_defaults=True,
-        help="fine-tune a model on a task (classification, mrc, ner; sft for decoders on conversations)",
+        help="fine-tune a model on a task (classification, mrc, ner; sft for decoders on conversations; mlm: "
+             "continued masked-LM pretraining on your own text)",
         description="Fine-tune on the engine trainer (TP/PP/DP like pretraining; run under torchrun for several "
                     "processes). Evaluates on --dev every epoch (or --eval-steps), keeps the best model in "
                     "OUTPUT/model (transformers format + tokenizer) and writes OUTPUT/metrics.json with dev and "
@@ -164,7 +165,9 @@ def add_finetune_cli(subparsers) -> None:
                     "fields of zhnlp.FinetuneConfig (--print-config shows them; --config FILE sets them).")
     p.add_argument("task", choices=sorted(TASK_NAMES + tuple(ALIASES)), metavar="TASK",
                    help="classification (sentiment, text-classification), mrc (cmrc2018, question-answering), "
-                        "ner (token-classification), sft (chat, instruction-tuning: a decoder on conversations)")
+                        "ner (token-classification), sft (chat, instruction-tuning: a decoder on conversations), "
+                        "mlm (masked-lm, fill-mask: an encoder's masked LM on your own unlabelled text, whole-word "
+                        "masking drawn anew every epoch; dev score: masked-token loss)")
     p.add_argument("--config", metavar="FILE", default=argparse.SUPPRESS,
                    help="JSON or YAML file of FinetuneConfig fields (as --print-config prints them), applied "
                         "before the flags")

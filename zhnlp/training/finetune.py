@@ -1,5 +1,7 @@
-"""Task fine-tuning on the engine trainer: classification, reading comprehension, NER, and supervised
-fine-tuning of the decoders on conversations (``sft``).
+"""Task fine-tuning on the engine trainer: classification, reading comprehension, NER, supervised
+fine-tuning of the decoders on conversations (``sft``), and continued masked-LM pretraining of an
+encoder on the user's own text (``mlm``: domain/task-adaptive pretraining, whole-word masking drawn
+afresh every epoch; the saved model is a ``...ForMaskedLM`` that the other tasks start from).
 
 ``finetune(FinetuneConfig(...))`` -- or ``zhnlp.finetune(task=..., model=..., train=dataset, ...)``
 -- loads a backbone with the task's head (``from_pretrained`` rules: a directory, a model-card
@@ -80,6 +82,11 @@ class Task:
     def training_features(self, cfg: FinetuneConfig, features: list[dict]):
         """-> (the features the training batches are cut from, their collate function or None for the default)."""
         return features, None
+
+    def epoch_transform(self, cfg: FinetuneConfig):
+        """-> ``f(feature, epoch) -> feature``, applied to every training feature as its batch is made (a pure
+        function of its arguments, so that resumed runs see the same batches), or None."""
+        return None
 
 
 class ClassificationTask(Task):
@@ -255,7 +262,59 @@ class SFTTask(Task):
         return {"loss": loss, "perplexity": float(np.exp(min(loss, 700.0))), "tokens": outputs["tokens"]}, None
 
 
-TASKS = {"classification": ClassificationTask, "mrc": MRCTask, "ner": NERTask, "sft": SFTTask}
+class MLMTask(Task):
+    """Continued masked-LM pretraining on unlabelled text (:mod:`zhnlp.data.tasks.mlm`) with the model's masked-LM
+    head (freshly initialised and tied to the word embeddings when the checkpoint has none). Training features are
+    masked afresh every epoch; dev/test once. The loss is the mean cross-entropy over the masked tokens (the head's,
+    vocabulary-parallel under TP); the dev score is that loss over every masked dev token (lower is better), its
+    perplexity and the masked-token accuracy."""
+
+    name, head, metric = "mlm", "mlm", "loss"
+    _training = False
+    _special = None  # the tokenizer's special ids (SpecialTokens), known once a split is encoded
+
+    def configure(self, cfg):
+        cfg = super().configure(cfg)
+        return dataclasses.replace(cfg, metric_for_best_model=cfg.metric_for_best_model or "loss",
+                                   mask_prob=cfg.mask_prob if cfg.mask_prob is not None else 0.15)
+
+    def read(self, source, labels, training=False, name=""):
+        self._training = training
+        examples, _ = super().read(source, None, training, name)
+        return examples, None
+
+    def unlabelled(self, example) -> bool:
+        return False  # the text is the target
+
+    def encode(self, cfg, tokenizer, examples, labels):
+        from zhnlp.data.pretraining import SpecialTokens
+        from zhnlp.data.tasks.mlm import Masking, encode_mlm
+
+        if tokenizer.mask_token_id is None:
+            raise DataError(f"the tokenizer of {cfg.model} has no mask token; masked-LM fine-tuning needs one "
+                            "([MASK]): fine-tune an encoder with a BERT-style tokenizer.")
+        self._special = SpecialTokens.from_tokenizer(tokenizer)
+        features = encode_mlm(tokenizer, examples, cfg.max_length, cfg.whole_word_masking)
+        return features if self._training else Masking(self._special, cfg.mask_prob, cfg.seed).fixed(features)
+
+    def epoch_transform(self, cfg):
+        from zhnlp.data.tasks.mlm import Masking
+
+        return Masking(self._special, cfg.mask_prob, cfg.seed).for_epoch
+
+    def run_model(self, cfg, model, features, what, pad_token_id):
+        from zhnlp.training.batches import masked_lm_over
+
+        return masked_lm_over(model, features, cfg.eval_batch_size, multiple=8 * cfg.tp, what=what,
+                              pad_token_id=pad_token_id)
+
+    def score(self, cfg, outputs, examples, features, labels, reference):
+        loss = outputs["loss"]
+        return {"loss": loss, "perplexity": float(np.exp(min(loss, 700.0))), "accuracy": outputs["accuracy"],
+                "tokens": outputs["tokens"]}, None
+
+
+TASKS = {"classification": ClassificationTask, "mrc": MRCTask, "ner": NERTask, "sft": SFTTask, "mlm": MLMTask}
 assert tuple(TASKS) == TASK_NAMES
 
 
@@ -327,9 +386,12 @@ def finetune(config: FinetuneConfig | None = None, *, train=None, dev=None, test
         raise ZhnlpError("--oracle is for reading comprehension (zhnlp finetune mrc ...).")
     if cfg.packing and task.name != "sft":
         raise ZhnlpError("--packing is for supervised fine-tuning on conversations (zhnlp finetune sft ...).")
-    if compute_metrics is not None and task.name == "sft":
-        raise ZhnlpError("compute_metrics is not available for sft: its predictions would be every token's logits "
-                         "over the vocabulary; score the saved model (OUTPUT/model) separately.")
+    if task.name != "mlm" and (cfg.mask_prob is not None or not cfg.whole_word_masking):
+        raise ZhnlpError("--mask-prob and --no-whole-word-masking are for masked-LM fine-tuning (zhnlp finetune mlm "
+                         "...).")
+    if compute_metrics is not None and task.name in ("sft", "mlm"):
+        raise ZhnlpError(f"compute_metrics is not available for {task.name}: its predictions would be every token's "
+                         "logits over the vocabulary; score the saved model (OUTPUT/model) separately.")
     if cfg.oracle and not any(v is not None for v in sources.values()):
         raise ZhnlpError("--oracle needs at least one of --train/--dev/--test.")
     for name, value in sources.items():
@@ -375,7 +437,8 @@ def load_split(task: Task, cfg: FinetuneConfig, tokenizer, source, labels, flag:
         raise DataError(f"{name} holds no examples.")
     missing = sum(task.unlabelled(e) for e in examples)
     if missing:
-        what = {"classification": "label", "mrc": "answer", "ner": "tags", "sft": "assistant message"}[task.name]
+        what = {"classification": "label", "mrc": "answer", "ner": "tags", "sft": "assistant message",
+                "mlm": "text"}[task.name]
         raise DataError(f"{name}: {missing} of {len(examples)} examples have no {what}; training, dev and test files "
                         f"need one on every example (this looks like a file to predict on: use zhnlp predict).")
     examples = examples[:limit] if limit else examples

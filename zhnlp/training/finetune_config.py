@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 
 from zhnlp.argtypes import check_range, integer, non_negative, number, positive
 
-TASK_NAMES = ("classification", "mrc", "ner", "sft")
+TASK_NAMES = ("classification", "mrc", "ner", "sft", "mlm")
 ALIASES = {"sentiment": "classification", "sentiment-analysis": "classification",
            "text-classification": "classification", "question-answering": "mrc", "cmrc2018": "mrc",
            "reading-comprehension": "mrc", "token-classification": "ner", "chat": "sft",
-           "instruction-tuning": "sft"}
+           "instruction-tuning": "sft", "masked-lm": "mlm", "fill-mask": "mlm"}
 PRECISIONS = ("fp32", "bf16", "fp16")
 
 
@@ -39,13 +39,14 @@ class FinetuneConfig:
     written by ``datasets``' ``save_to_disk``; in-memory data (a ``datasets.Dataset``, a
     ``DatasetDict``, a list of dicts) goes to :func:`zhnlp.finetune` beside the config."""
 
-    task: str = _f(None, "classification, mrc, ner or sft (aliases: sentiment-analysis, text-classification, "
-                         "question-answering, cmrc2018, token-classification, chat, ...)",
+    task: str = _f(None, "classification, mrc, ner, sft or mlm (aliases: sentiment-analysis, text-classification, "
+                         "question-answering, cmrc2018, token-classification, chat, masked-lm, ...)",
                    choices=TASK_NAMES + tuple(ALIASES), cli=False)
     model: str = _f(None, "model directory, model name or hub repo id to start from")
     train: str | None = _f(None, "training data: a file (classification: jsonl/TSV/CSV; mrc: SQuAD json; "
-                                 "ner: jsonl/CoNLL; sft: jsonl of {\"messages\": [{\"role\", \"content\"}]}) or "
-                                 "a save_to_disk dataset directory", check=_source)
+                                 "ner: jsonl/CoNLL; sft: jsonl of {\"messages\": [{\"role\", \"content\"}]}; "
+                                 "mlm: jsonl of {\"text\"} or .txt, one text per line) or a save_to_disk dataset "
+                                 "directory", check=_source)
     dev: str | None = _f(None, "development data (file or save_to_disk directory), scored at every evaluation; "
                                "default: the validation split of a DatasetDict given as train", check=_source)
     test: str | None = _f(None, "test data (file or save_to_disk directory), scored once with the best model",
@@ -61,7 +62,7 @@ class FinetuneConfig:
     micro_batch_size: int | None = _f(None, "examples per forward pass (gradient accumulation when smaller); "
                                             "default: batch size / data-parallel size", check=positive)
     eval_batch_size: int = _f(64, "features per forward pass when evaluating", check=positive)
-    max_length: int | None = _f(None, "tokens per feature, special tokens included (mrc: per window); "
+    max_length: int | None = _f(None, "tokens per feature, special tokens included (mrc, mlm: per window); "
                                       "default per task (128, mrc 512, sft 1024)", check=integer(8))
     doc_stride: int | None = _f(None, "mrc: tokens between context window starts (default min(128, half the "
                                       "context window))", check=positive)
@@ -72,6 +73,11 @@ class FinetuneConfig:
                                       "(default min(32, a quarter of the window))", check=non_negative)
     packing: bool = _f(False, "sft: pack conversations into sequences of max length (attention and positions "
                               "restart at each conversation) instead of padding each one")
+    mask_prob: float | None = _f(None, "mlm: fraction of the tokens to predict, masked anew every epoch "
+                                       "(default 0.15)",
+                                 check=number(0, 1, low_open=True, high_open=True))
+    whole_word_masking: bool = _f(True, "mlm: mask whole jieba words (Chinese whole-word masking) rather than single "
+                                        "tokens")
     labels: list[str] | None = _f(None, "the label set, in order (default: the labels of the training data)",
                                   comma_list=True)
     label_names: list[str] | None = _f(None, "names for the labels, in the order of labels (the model's id2label)",
@@ -95,8 +101,8 @@ class FinetuneConfig:
     eval_steps: int | None = _f(None, "evaluate on the dev data every N steps (default: after every epoch)",
                                 check=positive)
     metric_for_best_model: str | None = _f(None, "dev score that picks the best model and drives early stopping "
-                                                 "(default: the task's metric: accuracy, f1; an 'eval_' prefix "
-                                                 "is accepted; compute_metrics keys too)")
+                                                 "(default: the task's metric: accuracy, f1, loss for sft and "
+                                                 "mlm; an 'eval_' prefix is accepted; compute_metrics keys too)")
     greater_is_better: bool | None = _f(None, "whether a larger metric_for_best_model is better (default: yes, "
                                               "unless its name ends in 'loss')")
     early_stopping_patience: int | None = _f(None, "stop after this many evaluations without an improvement "
@@ -123,6 +129,8 @@ class FinetuneConfig:
             check_range("max_length", self.max_length, low=8)
         if self.ner_stride is not None:
             check_range("ner_stride", self.ner_stride, low=0)
+        if self.mask_prob is not None:
+            check_range("mask_prob", self.mask_prob, "a number", 0, 1, low_open=True, high_open=True)
         check_range("seed", self.seed, low=0)
         check_range("save_steps", self.save_steps, low=0)
         check_range("save_total_limit", self.save_total_limit, low=0)

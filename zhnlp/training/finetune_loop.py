@@ -84,13 +84,14 @@ def run_finetune(task: Task, cfg: FinetuneConfig, run_dir, sources: dict, comput
 
     started = time.time()
     directory = hub.resolve(cfg.model)
-    tokenizer = AutoTokenizer.from_pretrained(directory)
     raw = hub.read_config_json(directory)
     family = family_for_model_type(raw.get("model_type"), str(directory / "config.json"))
     if task.head not in family.bridge.HEAD_PARTS:
-        kinds = {"causal_lm": "a decoder (causal-LM) model such as ERNIE 4.5"}
+        kinds = {"causal_lm": "a decoder (causal-LM) model such as ERNIE 4.5",
+                 "mlm": "an encoder with a masked-LM head, such as ERNIE 3.0, BERT, RoFormer or ALBERT"}
         raise ZhnlpError(f"{cfg.model} is a {raw.get('model_type')} model, which has no {task.head} head; "
                          f"zhnlp finetune {task.name} needs {kinds.get(task.head, 'an encoder such as ERNIE 3.0')}.")
+    tokenizer = AutoTokenizer.from_pretrained(directory)
     check_tokenizer_fits(tokenizer, raw, str(directory))  # before any batch, not as an IndexError in one
     pad_id = tokenizer.pad_token_id or 0
 
@@ -123,7 +124,8 @@ def run_finetune(task: Task, cfg: FinetuneConfig, run_dir, sources: dict, comput
     # every data-parallel layout and micro-batch size gives the same numbers
     run = _run_config(cfg, arch.to_dict(), world, steps, per_token_loss=task.head == "causal_lm")
     batches = EpochBatches(batch_features, cfg.batch_size, run.data.micro_batch_size, cfg.seed,
-                           multiple=8 * cfg.tp, pad_token_id=pad_id, collate=collate)
+                           multiple=8 * cfg.tp, pad_token_id=pad_id, collate=collate,
+                           transform=task.epoch_transform(cfg))  # mlm: each epoch's masking
     trainer = Trainer(run, model=lambda options: PretrainedModel.from_checkpoint(
         family, arch, task.head, directory, seed=cfg.seed, **options), batches=batches,
         tokenizer_name=str(directory))
@@ -164,6 +166,8 @@ def run_finetune(task: Task, cfg: FinetuneConfig, run_dir, sources: dict, comput
         # what must not change between a run and its resumption (the batches and the schedule depend on it)
         identity = {"task": task.name, "steps": steps, "batch_size": cfg.batch_size, "seed": cfg.seed,
                     "train_features": len(train_features), "labels": labels, "packing": cfg.packing}
+        if task.name == "mlm":
+            identity.update(mask_prob=cfg.mask_prob, whole_word_masking=cfg.whole_word_masking)
 
         def checkpoint_state() -> dict:
             return _json_safe({**run_state, "trainer_state": state.to_dict(), "callbacks": handler.state_dict(),

@@ -5,6 +5,8 @@
   windows, gold token positions, and decoding of start/end logits back to character spans.
 * :mod:`~zhnlp.data.tasks.ner` -- token tagging (jsonl or CoNLL ``char TAG``): label alignment on sub-tokens,
   windows for long sentences, and decoding back to one tag per word.
+* :mod:`~zhnlp.data.tasks.mlm` -- texts without labels for masked-LM fine-tuning (jsonl or plain text): windows,
+  whole-word units, seeded per-epoch masking.
 
 Every reader reports bad data as one :class:`~zhnlp.errors.DataError` listing up to :data:`MAX_REPORTED`
 problems as ``FILE:LINE: problem; fix`` with the total count, so a user fixes a file in one pass rather than

@@ -4,7 +4,8 @@ What fine-tuning accepts as ``train``/``dev``/``test`` (:func:`open_source`):
 
 * a file path: classification jsonl/TSV/CSV, NER jsonl (read through ``datasets``' json/csv
   builders, which parse into a memory-mapped Arrow file cached under ``HF_DATASETS_CACHE`` and
-  reused while the file is unchanged) or CoNLL, reading comprehension SQuAD json (zhnlp's readers);
+  reused while the file is unchanged) or CoNLL, reading comprehension SQuAD json, masked-LM
+  jsonl or plain text (zhnlp's readers);
 * a directory written by ``Dataset.save_to_disk`` or ``DatasetDict.save_to_disk``;
 * a ``datasets.Dataset``, a ``datasets.DatasetDict`` (its ``train`` / ``validation`` / ``test``
   split), or a list of dicts.
@@ -12,7 +13,8 @@ What fine-tuning accepts as ``train``/``dev``/``test`` (:func:`open_source`):
 Columns: classification ``text`` (or ``text_a``, ``sentence``) [+ ``text_b``/``sentence2``] and
 ``label`` (a ClassLabel's names are the labels, in its order); NER ``tokens`` and ``tags`` (or
 ``ner_tags``, a ``Sequence(ClassLabel)``); reading comprehension ``context``, ``question``,
-``answers`` (``{"text": [...], "answer_start": [...]}``, as the hub's squad/cmrc2018) and ``id``.
+``answers`` (``{"text": [...], "answer_start": [...]}``, as the hub's squad/cmrc2018) and ``id``;
+masked LM ``text``.
 
 Malformed data: the rows are checked as zhnlp's readers check a file; when a file read through
 ``datasets`` has a problem (or ``datasets`` cannot parse it), the file is read again by zhnlp's own
@@ -35,6 +37,7 @@ COLUMNS = {  # task -> (alternatives for each required column, optional columns)
     "classification": ([("text", "text_a", "sentence", "sentence1")], ["text_b", "sentence2", "label"]),
     "ner": ([("tokens",)], ["tags", "ner_tags"]),
     "mrc": ([("context",), ("question",)], ["answers", "id", "title"]),
+    "mlm": ([("text",)], []),
 }
 
 
@@ -187,6 +190,10 @@ def read_rows(task: str, rows, labels: list[str] | None, name: str, training: bo
         names = _class_names(rows, "ner_tags") or _class_names(rows, "tags")
         # a ClassLabel's names are the tag set, in its order (the model's id2label), unless labels are given
         return ner_from_rows(_rows(rows), name, names), labels if labels is not None else names, None
+    if task == "mlm":
+        from zhnlp.data.tasks.mlm import mlm_from_rows
+
+        return mlm_from_rows(_rows(rows), name), None, None
     from zhnlp.data.tasks.mrc import read_squad
 
     data = squad_from_rows(_rows(rows))
@@ -228,11 +235,11 @@ def _quiet_datasets():
 
 def load_file(task: str, path: Path):
     """``path`` parsed by ``datasets`` (a memory-mapped, cached Arrow table) when its format is one
-    ``datasets`` reads as the rows zhnlp expects, else None (CoNLL, SQuAD json, a file ``datasets``
-    cannot parse: zhnlp's reader takes it)."""
+    ``datasets`` reads as the rows zhnlp expects, else None (CoNLL, SQuAD json, masked-LM text, a file
+    ``datasets`` cannot parse: zhnlp's reader takes it)."""
     from zhnlp.data.tasks import first_line
 
-    if task == "mrc":
+    if task in ("mrc", "mlm"):
         return None
     try:
         with open(path, encoding="utf-8-sig") as f:
@@ -296,6 +303,10 @@ def read_file(task: str, path: Path, labels: list[str] | None, training: bool = 
         from zhnlp.data.tasks.ner import read_ner
 
         return read_ner(path), labels, None
+    if task == "mlm":
+        from zhnlp.data.tasks.mlm import read_mlm
+
+        return read_mlm(path), None, None
     from zhnlp.data.tasks.mrc import read_squad
 
     return read_squad(path, training=training), None, str(path)
